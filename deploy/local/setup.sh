@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Everything the demo and the tests need on a fresh Debian machine without Docker:
+# JDK + Maven + PostgreSQL (Debian packages, only if missing), the Python virtualenv, the Kafka broker and Spark's
+# Kafka connector (Maven Central, cached). Safe to run again: each step skips what is already there.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$REPO_ROOT"
+
+missing_packages=()
+command -v java >/dev/null 2>&1 || missing_packages+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || missing_packages+=(maven)
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing_packages+=(postgresql)
+if ((${#missing_packages[@]})); then
+  info "installing Debian packages: ${missing_packages[*]}"
+  [[ $(id -u) -eq 0 ]] || die "need root (or sudo) to install: ${missing_packages[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing_packages[@]}" >/dev/null
+fi
+
+PYTHON="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python ]]; then
+  info "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if [[ ! -f .venv/.installed ]] || [[ pyproject.toml -nt .venv/.installed ]]; then
+  info "installing Python packages (pyproject.toml)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi
+
+resolve_maven_classpath "$REPO_ROOT/deploy/local/kafka/pom.xml" "$CACHE_DIR/kafka-$KAFKA_VERSION/libs" \
+  -Dkafka.version="$KAFKA_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" -Dlog4j.version="$LOG4J_VERSION"
+if [[ -x deploy/local/spark.sh ]]; then
+  deploy/local/spark.sh classpath >/dev/null
+fi
+info "setup complete"

@@ -1,0 +1,1 @@
+"""Exactly-once read-process-write on Apache Kafka."""

@@ -1,0 +1,117 @@
+"""Reading a partition "to its end" correctly: the one piece every restore, drain and check relies on.
+
+The end is the high watermark (a read_uncommitted ListOffsets), captured once. A read_committed consumer is done
+with a partition when its *position* reaches that end. Offsets are not data: commit/abort markers and aborted
+records occupy offsets too, so `end - 1` is often a marker and the last data record may sit well below it, and
+one poll may return nothing while the fetcher skips such a tail. Hence: never seek-to-end-then-poll, never
+trust a single empty poll, always loop against a deadline, and say which partitions were stuck if it expires
+(an open transaction holds the last stable offset below the high watermark until it ends).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+
+class EndOffsetsTimeout(TimeoutError):
+    pass
+
+
+class ReadToEndTimeout(TimeoutError):
+    def __init__(self, topic: str, stuck: Mapping[int, tuple[int, int]]) -> None:
+        detail = ", ".join(f"p{p}: position {pos} < end {end}" for p, (pos, end) in sorted(stuck.items()))
+        super().__init__(
+            f"{topic}: did not reach the end in time ({detail}). An open transaction keeps the last stable "
+            "offset below the high watermark until it commits, aborts or times out."
+        )
+        self.topic = topic
+        self.stuck = dict(stuck)
+
+
+def watermarks(
+    admin: AdminClient, topic: str, partitions: list[int], timeout_s: float, spec: OffsetSpec | None = None
+) -> dict[int, int]:
+    """Offsets per partition by ListOffsets (default: the high watermark), with a bounded wait."""
+    spec = spec or OffsetSpec.latest()
+    request = {TopicPartition(topic, p): spec for p in partitions}
+    try:
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout_s
+        )
+        return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+    except (KafkaException, TimeoutError) as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e
+
+
+def high_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
+    return watermarks(admin, topic, partitions, timeout_s, OffsetSpec.latest())
+
+
+def low_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
+    return watermarks(admin, topic, partitions, timeout_s, OffsetSpec.earliest())
+
+
+class TailReader:
+    """Reads partitions of one topic from given offsets up to given end offsets, in steps.
+
+    `step()` never blocks longer than its timeout, so a caller can interleave it with `poll()` on another consumer
+    (restore must not cost the group membership). The consumer should use isolation.level=read_committed and be
+    dedicated to this reader (it is assigned exactly the partitions still to read).
+    """
+
+    def __init__(self, consumer: Consumer, topic: str, starts: Mapping[int, int], ends: Mapping[int, int]) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.ends = dict(ends)
+        self.positions = {p: starts[p] for p in ends}
+        self._remaining = {p for p in ends if starts[p] < ends[p]}
+        self.consumer.assign([TopicPartition(topic, p, self.positions[p]) for p in sorted(self._remaining)])
+
+    @property
+    def done(self) -> bool:
+        return not self._remaining
+
+    def step(self, timeout_s: float = 0.1, max_records: int = 10_000) -> list[Message]:
+        """Up to max_records data records; empty when nothing arrived in time or everything is read."""
+        if self.done:
+            return []
+        messages = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
+        records = []
+        for m in messages:
+            if m.error():
+                if m.error().fatal():
+                    raise KafkaException(m.error())
+                continue
+            p = m.partition()
+            if p not in self._remaining or m.offset() >= self.ends[p]:
+                continue  # written after the end was captured: not part of this read
+            records.append(m)
+            self.positions[p] = m.offset() + 1
+        self._mark_finished()
+        return records
+
+    def stuck(self) -> dict[int, tuple[int, int]]:
+        return {p: (self.positions[p], self.ends[p]) for p in self._remaining}
+
+    def _mark_finished(self) -> None:
+        # The position moves past markers and aborted records that never reach the application.
+        for tp in self.consumer.position([TopicPartition(self.topic, p) for p in self._remaining]):
+            if tp.offset >= 0:
+                self.positions[tp.partition] = max(self.positions[tp.partition], tp.offset)
+        finished = {p for p in self._remaining if self.positions[p] >= self.ends[p]}
+        if finished:
+            self._remaining -= finished
+            self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in finished])
+
+
+def read_to_end(reader: TailReader, timeout_s: float) -> Iterator[Message]:
+    """All records of a TailReader, or ReadToEndTimeout naming the partitions that did not reach their end."""
+    deadline = time.monotonic() + timeout_s
+    while not reader.done:
+        if time.monotonic() > deadline:
+            raise ReadToEndTimeout(reader.topic, reader.stuck())
+        yield from reader.step()

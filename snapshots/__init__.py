@@ -1,0 +1,1 @@
+"""Full snapshots of partition state and the Spark job that compacts them."""

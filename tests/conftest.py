@@ -1,0 +1,108 @@
+"""Real servers for the tests: `KAFKA_BOOTSTRAP_SERVERS` if set, else testcontainers when a Docker engine answers,
+else the project's own local broker (deploy/local/kafka.sh). One broker per test session; unique topics per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parent.parent
+KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
+
+
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+def _kafka_sh(*args: str) -> str:
+    return subprocess.run([str(KAFKA_SH), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _is_running(*mode: str) -> bool:
+    return "running" in _kafka_sh(*mode, "status")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    if servers := os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield servers
+        return
+    if docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer("apache/kafka:4.3.1").with_kraft() as kafka:
+            yield kafka.get_bootstrap_server()
+        return
+    was_running = _is_running()
+    _kafka_sh("start")
+    yield _kafka_sh("bootstrap")
+    if not was_running and os.environ.get("KEEP_KAFKA") != "1":
+        _kafka_sh("stop")
+
+
+@dataclass
+class LocalCluster:
+    """The 3-node KRaft cluster of deploy/local/kafka.sh --cluster, with its fault switches."""
+
+    bootstrap: str
+
+    def kill(self, node: int) -> None:
+        _kafka_sh("--cluster", "kill", str(node))
+
+    def restart(self, node: int) -> None:
+        _kafka_sh("--cluster", "restart", str(node))
+
+    def pause(self, node: int) -> None:
+        _kafka_sh("--cluster", "pause", str(node))
+
+    def resume(self, node: int) -> None:
+        _kafka_sh("--cluster", "resume", str(node))
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalCluster]:
+    if os.environ.get("KAFKA_CLUSTER_BOOTSTRAP_SERVERS"):
+        pytest.skip("fault switches need the local cluster script; an external cluster cannot be killed from here")
+    was_running = _is_running("--cluster")
+    _kafka_sh("--cluster", "start")
+    yield LocalCluster(_kafka_sh("--cluster", "bootstrap"))
+    if not was_running and os.environ.get("KEEP_KAFKA") != "1":
+        _kafka_sh("--cluster", "stop")
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+@pytest.fixture
+def new_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Creates a topic with a name unique to this test: new_topic("out", partitions=3)."""
+
+    def create(label: str = "t", partitions: int = 1, replication: int = 1, admin: AdminClient | None = None) -> str:
+        name = f"{request.node.name[:40]}-{label}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
+        futures = (admin or kafka_admin).create_topics([NewTopic(name, partitions, replication)])
+        futures[name].result(timeout=30)
+        return name
+
+    return create
+
+
+@pytest.fixture
+def unique_id(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name[:30]}-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,20 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T], timeout_s: float = 20.0, interval_s: float = 0.1) -> T:
+    """Calls probe until it returns something truthy; fails with its last value after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            assert value, f"condition not met within {timeout_s}s (last value: {value!r})"
+            return value
+        time.sleep(interval_s)
