@@ -1,0 +1,72 @@
+"""What a user writes: an `App` naming its topics and a pure function `process(state, record) -> outputs`.
+
+No Kafka object ever reaches user code. `state` is a dict-like view of the input partition's state (keys are
+strings, values anything the state serde can encode); `record` is the decoded input; the return value is an
+iterable of `Output`s. The runner makes every call atomic: if `process` raises, its state changes are undone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.serde import JSON, STRING, Serde
+
+State = MutableMapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded input record and where it came from."""
+
+    key: Any
+    value: Any
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A record to write. `partition=None` lets the producer's partitioner place it by key."""
+
+    value: Any
+    key: Any = None
+    topic: str | None = None
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+Process = Callable[[State, Record], Iterable[Output]]
+
+
+@dataclass(frozen=True)
+class App:
+    """A stateful service: its name (also the consumer group and transactional.id prefix), topics and logic."""
+
+    name: str
+    input_topic: str
+    output_topic: str
+    process: Process
+    key_serde: Serde = STRING
+    value_serde: Serde = JSON
+    output_key_serde: Serde = STRING
+    output_value_serde: Serde = JSON
+    state_serde: Serde = JSON
+    stateful: bool = True
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
+        """A copy reading/writing other topics (tests and the chaos runner use it)."""
+        from dataclasses import replace
+
+        return replace(
+            self,
+            input_topic=input_topic or self.input_topic,
+            output_topic=output_topic or self.output_topic,
+        )
+

@@ -1,0 +1,89 @@
+"""`pipeline run | verify | topics` — the command line (also `python -m pipeline ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pipeline.settings import ConfigError
+
+LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:
+        from pipeline.checker import main as verify_main
+
+        return verify_main(argv[1:])
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    try:
+        return args.command(args)
+    except ConfigError as e:
+        print(f"configuration error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
+    parser.add_argument("--log-level", default="info")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run a service: pipeline run MODULE:ATTR")
+    run.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
+    run.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE)")
+    run.add_argument("--bootstrap-servers")
+    run.add_argument("--app-id")
+    run.add_argument("--input-topic")
+    run.add_argument("--output-topic")
+    run.add_argument("--metrics-port", type=int)
+    run.set_defaults(command=_run)
+
+    commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
+
+    topics = commands.add_parser("topics", help="create input/output topics: NAME:PARTITIONS ...")
+    topics.add_argument("action", choices=["create"])
+    topics.add_argument("topics", nargs="+", metavar="NAME:PARTITIONS")
+    topics.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    topics.add_argument("--replication-factor", type=int, default=-1)
+    topics.set_defaults(command=_topics)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline import settings as settings_module
+    from pipeline.loading import load_app
+    from pipeline.runner import Runner
+
+    app = load_app(args.app)
+    settings = settings_module.load(
+        args.config,
+        bootstrap_servers=args.bootstrap_servers,
+        app_id=args.app_id,
+        input_topic=args.input_topic,
+        output_topic=args.output_topic,
+        metrics_port=args.metrics_port,
+    )
+    runner = Runner(app, settings)
+    runner.install_signal_handlers()
+    runner.run()
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})
+    wanted = []
+    for spec in args.topics:
+        name, _, count = spec.partition(":")
+        wanted.append(NewTopic(name, int(count or 1), args.replication_factor))
+    for name, future in admin.create_topics(wanted).items():
+        try:
+            future.result(30)
+            print(f"created {name}")
+        except Exception as e:  # report each topic, keep going
+            print(f"{name}: {e}", file=sys.stderr)
+    return 0

@@ -1,0 +1,48 @@
+"""Dead letters: a record that kept failing, written inside the same transaction that commits past it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "eos.dlq."
+
+
+def dead_letter_topic(app_name: str) -> str:
+    return f"{app_name}-dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    error_type: str
+    error_message: str
+    attempts: int
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        fields = {
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "error.type": self.error_type,
+            "error.message": self.error_message[:2000],
+            "attempts": self.attempts,
+        }
+        return [(PREFIX + name, str(value).encode()) for name, value in fields.items()]
+
+    @staticmethod
+    def from_record(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None) -> DeadLetter:
+        fields = {name[len(PREFIX) :]: raw.decode() for name, raw in headers or () if name.startswith(PREFIX)}
+        return DeadLetter(
+            topic=fields["topic"],
+            partition=int(fields["partition"]),
+            offset=int(fields["offset"]),
+            key=key,
+            value=value,
+            error_type=fields["error.type"],
+            error_message=fields["error.message"],
+            attempts=int(fields["attempts"]),
+        )

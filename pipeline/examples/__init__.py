@@ -1,0 +1,1 @@
+"""Example services used by the tests, the demo and the benchmarks."""

@@ -1,0 +1,91 @@
+"""Prometheus metrics and the health endpoint (/metrics, /ready, /live) of one runner."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.records_in = Counter("pipeline_records_in", "Input records processed", ["partition"], registry=r)
+        self.records_out = Counter("pipeline_records_out", "Output records produced", ["partition"], registry=r)
+        self.transactions = Counter(
+            "pipeline_transactions", "Transactions by outcome", ["partition", "outcome"], registry=r
+        )
+        self.commit_latency = Histogram(
+            "pipeline_commit_latency_seconds",
+            "Time to commit one transaction (offsets + commit)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.fenced = Counter("pipeline_fenced_partitions", "Partitions dropped because fenced", registry=r)
+        self.dead_letters = Counter("pipeline_dead_letters", "Records written to the dead-letter topic", registry=r)
+        self.processing_errors = Counter(
+            "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
+        )
+        self.restore_seconds = Gauge(
+            "pipeline_restore_duration_seconds", "Duration of the last restore", ["partition"], registry=r
+        )
+        self.restore_records = Counter(
+            "pipeline_restore_records", "Changelog records read by restores", ["partition"], registry=r
+        )
+        self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r)
+        self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r)
+        self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """Serves /metrics, /ready (200 when ready, else 503) and /live on a background thread."""
+
+    def __init__(self, metrics: Metrics, is_ready: Callable[[], bool], port: int, host: str = "0.0.0.0") -> None:
+        handler = _handler(metrics, is_ready)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(metrics: Metrics, is_ready: Callable[[], bool]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
+            elif self.path == "/ready":
+                ready = is_ready()
+                self._reply(200 if ready else 503, b"ready\n" if ready else b"restoring\n")
+            elif self.path == "/live":
+                self._reply(200, b"live\n")
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler

@@ -1,0 +1,352 @@
+"""The runner: one consumer per process, one PartitionTask per owned input partition.
+
+Lifecycle of partition p in this process (every transition is named by the task's Phase):
+    assigned  -> fence (init_transactions) -> read committed offset -> assign paused at that offset  [NEW]
+    restoring -> changelog read in short steps between polls, p paused                              [RESTORING]
+    running   -> p resumed; records processed into transactions, committed on interval/size         [RUNNING]
+    aborted   -> state undone, seek back to the committed offset                                    [REWINDING]
+    revoked   -> open transaction committed, producer closed, state dropped                         [CLOSED]
+    lost      -> open transaction aborted (someone else owns p now), producer closed                [CLOSED]
+    fenced    -> nothing committed; p is re-fenced later if the group still gives it to us          [DROPPED]
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from pipeline.app import App
+from pipeline.changelog import changelog_topic
+from pipeline.deadletter import dead_letter_topic
+from pipeline.metrics import HealthServer, Metrics
+from pipeline.restore import ChangelogRestore, RestoreError
+from pipeline.settings import Settings
+from pipeline.task import (
+    PartitionDropped,
+    PartitionTask,
+    Phase,
+    PoisonRecordStop,
+    TaskContext,
+    TransactionAborted,
+)
+from pipeline.topics import CHANGELOG_CONFIG, ensure_topics
+
+log = logging.getLogger(__name__)
+REFENCE_AFTER_S = 2.0
+
+
+class FatalRunnerError(RuntimeError):
+    """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
+
+
+class Runner:
+    def __init__(self, app: App, settings: Settings, abort_hook: Callable[[int], bool] | None = None) -> None:
+        self.app = app
+        self.settings = settings
+        self.app_id = settings.app_id or app.name
+        self.input_topic = settings.input_topic or app.input_topic
+        self.output_topic = settings.output_topic or app.output_topic
+        self.changelog_topic = settings.changelog_topic or changelog_topic(self.app_id)
+        self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
+        self.metrics = Metrics()
+        self.tasks: dict[int, PartitionTask] = {}
+        self.restores: dict[int, ChangelogRestore] = {}
+        self._dropped_at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._abort_hook = abort_hook
+        self._timeout_s = settings.request_timeout_ms / 1000
+        self.admin = AdminClient(self._client_config())
+        self.consumer: Consumer | None = None
+        self.ctx: TaskContext | None = None
+        self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
+
+    # -- clients -----------------------------------------------------------------------------------------------------
+    def _client_config(self) -> dict:
+        return {"bootstrap.servers": self.settings.bootstrap_servers, **self.settings.kafka}
+
+    def _consumer_config(self) -> dict:
+        s = self.settings
+        config = {
+            **self._client_config(),
+            "group.id": self.app_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": s.session_timeout_ms,
+            "heartbeat.interval.ms": s.heartbeat_interval_ms,
+            "max.poll.interval.ms": s.max_poll_interval_ms,
+            "fetch.wait.max.ms": 50,
+        }
+        if s.group_instance_id:
+            config["group.instance.id"] = s.group_instance_id
+        return config
+
+    def _make_producer(self, txn_id: str | None) -> Producer:
+        s = self.settings
+        config = {
+            **self._client_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
+            # Back-to-back transactions hit CONCURRENT_TRANSACTIONS while markers are written: retry soon.
+            "retry.backoff.ms": 10,
+            "retry.backoff.max.ms": 100,
+        }
+        if txn_id is not None:
+            config |= {"transactional.id": txn_id, "transaction.timeout.ms": s.transaction_timeout_ms}
+        return Producer(config)
+
+    def _make_restore_consumer(self) -> Consumer:
+        return Consumer({
+            **self._client_config(),
+            "group.id": f"{self.app_id}.restore",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        })
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        s = self.settings
+        internal = {self.dead_letter_topic: {}}
+        if self.app.stateful:
+            internal[self.changelog_topic] = CHANGELOG_CONFIG
+        ensure_topics(self.admin, input_topic=self.input_topic, output_topic=self.output_topic, internal=internal,
+                      replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
+        self.consumer = Consumer(self._consumer_config())
+        self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
+                               self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
+                               self._abort_hook)
+        health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
+        log.info("%s: %s from %s to %s (%s)", self.app_id, self.app.name, self.input_topic, self.output_topic,
+                 s.processing_guarantee)
+        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        try:
+            while not self._stop.is_set():
+                self._loop_once()
+        finally:
+            self._shutdown()
+            self._commit_pool.shutdown()
+            if health:
+                health.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def is_ready(self) -> bool:
+        return all(t.phase is Phase.RUNNING for t in self.tasks.values())
+
+    def _shutdown(self) -> None:
+        for p in list(self.tasks):
+            self._close_task(p, commit=True)
+        if self.consumer is not None:
+            self.consumer.close()  # leaves the group; the revoke callback finds no task left
+        log.info("%s: stopped", self.app_id)
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+    def _loop_once(self) -> None:
+        busy = bool(self.restores) or any(t.phase is Phase.REWINDING for t in self.tasks.values())
+        messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
+        self._dispatch(messages)
+        self._commit_due()
+        self._advance_restores()
+        self._retry_rewinds_and_drops()
+        self.metrics.ready.set(1 if self.is_ready() else 0)
+
+    def _dispatch(self, messages: list[Message]) -> None:
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        for m in messages:
+            if m.error():
+                if m.error().fatal():
+                    raise FatalRunnerError(f"consumer: {m.error()}")
+                log.warning("consumer: %s", m.error())
+                continue
+            by_partition[m.partition()].append(m)
+        for p, batch in by_partition.items():
+            task = self.tasks.get(p)
+            if task is not None and task.phase is Phase.RUNNING:
+                self._guarded(task, task.process, batch)
+
+    def _commit_due(self) -> None:
+        now = time.monotonic()
+        due = [t for t in self.tasks.values() if t.phase is Phase.RUNNING and t.commit_due(now)]
+        if len(due) == 1:
+            self._guarded(due[0], due[0].commit)
+        elif due:  # each partition has its own producer; commits wait on the network and release the GIL
+            list(self._commit_pool.map(lambda t: self._guarded(t, t.commit), due))
+
+    def _guarded(self, task: PartitionTask, step: Callable, *args) -> None:
+        """Runs one step of a task and turns its failures into the transitions of rules 4-6."""
+        try:
+            step(*args)
+        except TransactionAborted as e:
+            log.warning("p%d: transaction aborted (%s); rewinding to offset %s", task.partition, e,
+                        task.committed_offset)
+            try:
+                task.abort_and_rewind()
+            except (TransactionAborted, PartitionDropped) as again:
+                self._drop(task, str(again))
+        except PartitionDropped as e:
+            self._drop(task, str(e))
+        except PoisonRecordStop as e:
+            log.error("p%d: STOPPED: %s. Fix the record or the code and restart; nothing past it was committed.",
+                      task.partition, e)
+            try:
+                task.abort_and_rewind()
+            finally:
+                task.phase = Phase.STOPPED
+                task.error = str(e)
+                self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+
+    def _drop(self, task: PartitionTask, reason: str) -> None:
+        log.warning("p%d: dropped without committing: %s", task.partition, reason)
+        task.drop(reason)
+        self.metrics.fenced.inc()
+        self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+        self._dropped_at[task.partition] = time.monotonic()
+
+    def _retry_rewinds_and_drops(self) -> None:
+        for task in list(self.tasks.values()):
+            if task.phase is Phase.REWINDING:
+                task.try_seek_back()
+        now = time.monotonic()
+        for p, dropped_at in list(self._dropped_at.items()):
+            if now - dropped_at < REFENCE_AFTER_S:
+                continue
+            del self._dropped_at[p]
+            if p in self.tasks and self.tasks[p].phase is Phase.DROPPED:
+                # Still ours per the group: a new producer fences whatever is left and the state is restored.
+                log.info("p%d: still assigned after being dropped; taking it over again", p)
+                self.tasks.pop(p)
+                self._take_over([p], reassign=True)
+
+    # -- assignment --------------------------------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._take_over([tp.partition for tp in partitions], reassign=False)
+
+    def _take_over(self, partitions: list[int], reassign: bool) -> None:
+        tasks = [PartitionTask(self.ctx, p) for p in partitions]
+        self._fence_all(tasks)  # rule 1: before any of p's offsets or state are read
+        committed = self._committed_offsets(partitions)
+        if reassign:  # still assigned (and paused) since the drop: only the position moves
+            for p in partitions:
+                offset = OFFSET_BEGINNING if committed[p] is None else committed[p]
+                self.consumer.seek(TopicPartition(self.input_topic, p, offset))
+        else:
+            self.consumer.incremental_assign(
+                [TopicPartition(self.input_topic, p, OFFSET_INVALID if committed[p] is None else committed[p])
+                 for p in partitions]
+            )
+        for task in tasks:
+            self.tasks[task.partition] = task
+            task.start(committed[task.partition])
+            if task.phase is Phase.RESTORING:
+                self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+                self._begin_restore(task)
+        self.metrics.assigned.set(len(self.tasks))
+        log.info("assigned %s (committed offsets %s)", partitions, committed)
+
+    def _fence_all(self, tasks: list[PartitionTask]) -> None:
+        if not tasks:
+            return
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            results = list(pool.map(_fence_with_retries, tasks, [self.settings] * len(tasks)))
+        failed = [f"p{t.partition}: {r}" for t, r in zip(tasks, results, strict=True) if r]
+        if failed:
+            raise FatalRunnerError("cannot fence " + "; ".join(failed) + " (is the transaction coordinator up?)")
+
+    def _committed_offsets(self, partitions: list[int]) -> dict[int, int | None]:
+        tps = [TopicPartition(self.input_topic, p) for p in partitions]
+        try:
+            result = self.consumer.committed(tps, timeout=self._timeout_s)
+        except KafkaException as e:
+            raise FatalRunnerError(f"committed offsets of {partitions} not readable: {e.args[0]}") from e
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+
+    def _begin_restore(self, task: PartitionTask) -> None:
+        s = self.settings
+        self.restores[task.partition] = ChangelogRestore(
+            self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
+            task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s,
+        )
+
+    def _advance_restores(self) -> None:
+        if not self.restores:
+            return
+        budget = self.settings.restore_step_ms / 1000 / len(self.restores)
+        for p, restore in list(self.restores.items()):
+            try:
+                finished = restore.step(budget)
+            except RestoreError:
+                self._end_restore(p)
+                raise
+            if finished:
+                self._end_restore(p)
+                task = self.tasks[p]
+                task.phase = Phase.RUNNING
+                self.consumer.resume([TopicPartition(self.input_topic, p)])
+                self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
+                self.metrics.restore_records.labels(str(p)).inc(restore.records)
+                log.info("p%d restored: %d keys from %d changelog records in %.2fs", p, len(task.state),
+                         restore.records, restore.seconds)
+
+    def _end_restore(self, p: int) -> None:
+        self.restores.pop(p).close()
+
+    # -- revocation --------------------------------------------------------------------------------------------------
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._close_task(tp.partition, commit=True)
+        self.metrics.assigned.set(len(self.tasks))
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._close_task(tp.partition, commit=False)
+        self.metrics.assigned.set(len(self.tasks))
+
+    def _close_task(self, p: int, commit: bool) -> None:
+        if p in self.restores:
+            self._end_restore(p)
+        self._dropped_at.pop(p, None)
+        task = self.tasks.pop(p, None)
+        if task is not None:
+            task.close(commit=commit)
+
+
+def _fence_with_retries(task: PartitionTask, settings: Settings) -> str | None:
+    """init_transactions with bounded retries; returns the last error, or None once fenced."""
+    deadline = time.monotonic() + 3 * settings.request_timeout_ms / 1000
+    while True:
+        try:
+            task.fence()
+            return None
+        except KafkaException as e:
+            if time.monotonic() > deadline or e.args[0].fatal():
+                return str(e.args[0])
+            log.warning("p%d: init_transactions: %s; retrying", task.partition, e.args[0])
+            time.sleep(0.5)

@@ -1,0 +1,161 @@
+"""Settings: defaults < config file (TOML) < environment (`PIPELINE_<NAME>`) < explicit overrides.
+
+Every setting is validated at start-up; a bad one fails with a message that names it. Any librdkafka property can
+be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PIPELINE_KAFKA_SECURITY_PROTOCOL) or a
+`[kafka]` table in the config file; it applies to every client the runner creates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+EXACTLY_ONCE = "exactly_once"
+AT_LEAST_ONCE = "at_least_once"
+ENV_PREFIX = "PIPELINE_"
+KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
+SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or contradicts another one. The message names the setting."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    app_id: str = ""  # default: the App's name; also the consumer group id and transactional.id prefix
+    input_topic: str = ""  # default: the App's
+    output_topic: str = ""  # default: the App's
+    dead_letter_topic: str = ""  # default: <app_id>-dlq
+    changelog_topic: str = ""  # default: <app_id>-changelog
+    processing_guarantee: str = EXACTLY_ONCE
+    commit_interval_ms: int = 100
+    commit_max_records: int = 10_000
+    poll_max_records: int = 5_000
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    max_poll_interval_ms: int = 300_000
+    transaction_timeout_ms: int = 10_000
+    request_timeout_ms: int = 10_000  # bound on every blocking Kafka call (commit, end offsets, metadata)
+    restore_step_ms: int = 200  # longest restore work between two polls of the main consumer
+    restore_timeout_ms: int = 600_000  # give up restoring a partition after this long
+    processing_max_attempts: int = 3
+    processing_backoff_ms: int = 50
+    on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
+    group_instance_id: str = ""  # static membership (e.g. the pod name)
+    metrics_port: int = 0  # 0: no HTTP endpoint
+    topic_replication_factor: int = -1  # for internal topics; -1: the broker default
+    kafka: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        return dataclasses.replace(self, **overrides)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == EXACTLY_ONCE
+
+    def redacted_kafka(self) -> dict[str, str]:
+        return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in self.kafka.items()}
+
+
+def validate(s: Settings) -> None:
+    def require(condition: bool, message: str) -> None:
+        if not condition:
+            raise ConfigError(message)
+
+    require(bool(s.bootstrap_servers), "BOOTSTRAP_SERVERS is empty")
+    require(
+        s.processing_guarantee in (EXACTLY_ONCE, AT_LEAST_ONCE),
+        f"PROCESSING_GUARANTEE must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {s.processing_guarantee!r}",
+    )
+    require(s.on_poison in ("dead_letter", "stop"), f"ON_POISON must be dead_letter or stop, not {s.on_poison!r}")
+    for name in ("commit_interval_ms", "commit_max_records", "poll_max_records", "processing_max_attempts",
+                 "session_timeout_ms", "transaction_timeout_ms", "request_timeout_ms", "restore_step_ms"):
+        require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
+    require(
+        s.heartbeat_interval_ms * 3 <= s.session_timeout_ms,
+        f"HEARTBEAT_INTERVAL_MS={s.heartbeat_interval_ms} must be at most a third of SESSION_TIMEOUT_MS",
+    )
+    require(
+        s.commit_interval_ms < s.transaction_timeout_ms,
+        f"COMMIT_INTERVAL_MS={s.commit_interval_ms} must be below TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms}: "
+        "the broker would abort every transaction before it is committed",
+    )
+    worst_retry_ms = s.processing_backoff_ms * (2**s.processing_max_attempts)
+    require(
+        s.restore_step_ms + s.request_timeout_ms + worst_retry_ms < s.max_poll_interval_ms,
+        f"MAX_POLL_INTERVAL_MS={s.max_poll_interval_ms} is too short for RESTORE_STEP_MS + REQUEST_TIMEOUT_MS + "
+        "processing retries: the group would evict this member while it works",
+    )
+    require(
+        s.transaction_timeout_ms <= 900_000,
+        f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",
+    )
+
+
+def load(config_file: str | Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from a TOML file, then the environment, then keyword overrides."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    kafka: dict[str, str] = {}
+    config_file = config_file or env.get(ENV_PREFIX + "CONFIG_FILE")
+    if config_file:
+        values, kafka = _from_toml(Path(config_file))
+    env_values, env_kafka = _from_env(env)
+    values |= env_values
+    kafka |= env_kafka
+    kafka |= overrides.pop("kafka", {})
+    values |= {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**values, kafka=kafka)
+
+
+def _field_types() -> dict[str, type]:
+    return {f.name: type(f.default) for f in fields(Settings) if f.name != "kafka"}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    kind = _field_types()[name]
+    if kind is int:
+        try:
+            return int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name.upper()} must be an integer, not {raw!r}") from None
+    return str(raw)
+
+
+def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    known = _field_types()
+    values: dict[str, Any] = {}
+    kafka: dict[str, str] = {}
+    for key, raw in env.items():
+        if key.startswith(KAFKA_ENV_PREFIX):
+            kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
+        elif key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG_FILE":
+            name = key[len(ENV_PREFIX) :].lower()
+            if name not in known:
+                raise ConfigError(f"unknown setting {key} (known: {', '.join(sorted(n.upper() for n in known))})")
+            values[name] = _coerce(name, raw)
+    return values, kafka
+
+
+def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"CONFIG_FILE {path}: {e}") from e
+    kafka = {str(k): str(v) for k, v in document.pop("kafka", {}).items()}
+    known = _field_types()
+    unknown = set(document) - set(known)
+    if unknown:
+        raise ConfigError(f"CONFIG_FILE {path}: unknown settings {sorted(unknown)}")
+    return {k: _coerce(k, v) for k, v in document.items()}, kafka

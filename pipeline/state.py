@@ -1,0 +1,119 @@
+"""The in-memory state of one input partition, with the bookkeeping that makes it transactional.
+
+Values are kept serialised: `state[k]` decodes a fresh object, `state[k] = v` encodes it. So the user cannot change
+state behind the runner's back by mutating an object in place, the changelog gets bytes that are already encoded,
+and restore copies bytes without decoding them.
+
+Two undo logs hold the value each touched key had before:
+- per record: a failing `process` call is undone without trace (retry and dead letter see the state as it was);
+- per transaction: an aborted transaction is undone, and its touched keys are the changes to write to the changelog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, MutableMapping
+from typing import Any
+
+from pipeline.serde import JSON, Serde
+
+_MISSING = object()
+
+
+class PartitionState(MutableMapping[str, Any]):
+    def __init__(self, serde: Serde = JSON) -> None:
+        self._serde = serde
+        self._data: dict[str, bytes] = {}
+        self._before_txn: dict[str, Any] = {}
+        self._before_record: dict[str, Any] = {}
+        self._first_touched_in_record: list[str] = []
+
+    # -- the mapping the user sees ------------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        return self._serde.deserialize(self._data[key])
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"state keys must be str, not {type(key).__name__}")
+        if value is None:
+            raise ValueError("None cannot be stored as a state value (it is the tombstone); use `del state[key]`")
+        encoded = self._serde.serialize(value)
+        self._remember(key)
+        self._data[key] = encoded
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self._data:
+            raise KeyError(key)
+        self._remember(key)
+        del self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    # -- record and transaction boundaries (runner only) ----------------------------------------------------------
+    def begin_record(self) -> None:
+        self._before_record.clear()
+        self._first_touched_in_record.clear()
+
+    def undo_record(self) -> None:
+        """Puts back every key the current record touched, as if `process` had never been called."""
+        self._restore(self._before_record)
+        for key in self._first_touched_in_record:
+            del self._before_txn[key]
+        self.begin_record()
+
+    def changes(self) -> Iterator[tuple[str, bytes | None]]:
+        """(key, encoded value or None for a delete) of every key whose value changed in this transaction."""
+        for key, before in self._before_txn.items():
+            now = self._data.get(key, _MISSING)
+            if now is before:
+                continue
+            yield key, (None if now is _MISSING else now)
+
+    def commit(self) -> None:
+        self._before_txn.clear()
+        self.begin_record()
+
+    def undo_transaction(self) -> None:
+        """Back to the state as of the last committed transaction."""
+        self._restore(self._before_txn)
+        self._before_txn.clear()
+        self.begin_record()
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self._before_txn)
+
+    # -- restore (no undo logs involved) -----------------------------------------------------------------------
+    def load(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
+        """Applies encoded entries in order; None deletes. Used by restore only."""
+        data = self._data
+        for key, value in entries:
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+
+    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+        return iter(self._data.items())
+
+    # -- internals -----------------------------------------------------------------------------------------------
+    def _remember(self, key: str) -> None:
+        before = self._data.get(key, _MISSING)
+        if key not in self._before_record:
+            self._before_record[key] = before
+        if key not in self._before_txn:
+            self._before_txn[key] = before
+            self._first_touched_in_record.append(key)
+
+    def _restore(self, before: dict[str, Any]) -> None:
+        for key, value in before.items():
+            if value is _MISSING:
+                self._data.pop(key, None)
+            else:
+                self._data[key] = value

@@ -1,0 +1,301 @@
+"""worker(p): the exactly-once protocol for one input partition, top to bottom.
+
+    fence()            init_transactions() on transactional.id(p): aborts any zombie transaction, fences the zombie
+    start(committed)   the group's committed offset, read after fencing, becomes the position
+    restore            (pipeline/restore.py) rebuilds p's state; p stays paused meanwhile
+    process(records)   decode -> process -> produce outputs, all inside one open transaction
+    commit()           state changes + checkpoint to the changelog, offsets to the transaction, commit
+    abort_and_rewind() abort, undo state to the last commit, seek back to the committed offset
+    close()            commit (or abort) what is open, then close the producer
+
+Errors raised by Kafka inside a transaction are classified (pipeline/errors.py): an unknown commit outcome is
+retried, an abortable error aborts and rewinds, a fenced or fatal producer drops the partition without committing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
+
+from pipeline.app import App, Record
+from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.deadletter import DeadLetter
+from pipeline.errors import Action, classify, kafka_error
+from pipeline.metrics import Metrics
+from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.settings import Settings
+from pipeline.state import PartitionState
+
+log = logging.getLogger(__name__)
+
+
+class Phase(enum.Enum):
+    NEW = "new"
+    RESTORING = "restoring"
+    RUNNING = "running"
+    REWINDING = "rewinding"  # aborted; waiting for the seek back to the committed offset to take effect
+    STOPPED = "stopped"  # a poison record with on_poison=stop: needs an operator
+    DROPPED = "dropped"  # fenced or fatally broken producer: never commits again
+    CLOSED = "closed"
+
+
+class TransactionAborted(Exception):
+    """The open transaction must be (or was) aborted; state and position go back to the last commit."""
+
+
+class PartitionDropped(Exception):
+    """The producer can never commit again (fenced, fatal, or an outcome that stayed unknown)."""
+
+
+class PoisonRecordStop(Exception):
+    """A record kept failing and on_poison=stop."""
+
+
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """Stable across restarts and hosts, so that the next owner of the partition fences the previous one."""
+    return f"{app_id}.{topic}.{partition}"
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What every task of one runner shares."""
+
+    app: App
+    settings: Settings
+    app_id: str
+    input_topic: str
+    output_topic: str
+    changelog_topic: str
+    dead_letter_topic: str
+    consumer: Consumer
+    make_producer: Callable[[str | None], Producer]
+    metrics: Metrics
+    # Test hook: called before each commit; returning True aborts that transaction instead (injected aborts).
+    abort_hook: Callable[[int], bool] | None = None
+
+
+class PartitionTask:
+    def __init__(self, ctx: TaskContext, partition: int) -> None:
+        self.ctx = ctx
+        self.partition = partition
+        self.label = str(partition)
+        s = ctx.settings
+        self.producer = ctx.make_producer(
+            transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
+        )
+        self.state = PartitionState(ctx.app.state_serde)
+        self.phase = Phase.NEW
+        self.committed_offset: int | None = None  # next input offset after the last committed transaction
+        self.next_offset: int | None = None  # next input offset to process
+        self.error: str | None = None
+        self._in_transaction = False
+        self._txn_started = 0.0
+        self._txn_records = 0
+        self._txn_count = 0
+        self._timeout_s = s.request_timeout_ms / 1000
+
+    # -- 1. fence, before anything of p is read ---------------------------------------------------------------------
+    def fence(self) -> None:
+        if self.ctx.settings.exactly_once:
+            self.producer.init_transactions(self._timeout_s)
+
+    # -- 2. position --------------------------------------------------------------------------------------------------
+    def start(self, committed_offset: int | None) -> None:
+        self.committed_offset = committed_offset
+        self.next_offset = committed_offset
+        self.phase = Phase.RESTORING if self.ctx.app.stateful else Phase.RUNNING
+
+    # -- 4. process ---------------------------------------------------------------------------------------------------
+    def process(self, messages: list[Message]) -> None:
+        processed = 0
+        for msg in messages:
+            if self.phase is not Phase.RUNNING:
+                break  # the rest is fetched again after the rewind
+            if self.next_offset is not None and msg.offset() < self.next_offset:
+                continue  # fetched before a rewind took effect
+            self._begin_if_needed()
+            self._process_one(msg)
+            self.next_offset = msg.offset() + 1
+            self._txn_records += 1
+            processed += 1
+        self.ctx.metrics.records_in.labels(self.label).inc(processed)
+        self.producer.poll(0)
+
+    def _process_one(self, msg: Message) -> None:
+        s = self.ctx.settings
+        for attempt in range(1, s.processing_max_attempts + 1):
+            self.state.begin_record()
+            try:
+                produced = self._outputs(msg)
+            except Exception as error:  # anything from decoding or from user code: poison until proven otherwise
+                self.state.undo_record()
+                self.ctx.metrics.processing_errors.labels(self.label).inc()
+                if attempt == s.processing_max_attempts:
+                    self._give_up(msg, error, attempt)
+                    return
+                time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
+                continue
+            source = (SOURCE_HEADER, encode_source(self.partition, msg.offset()))
+            for topic, key, value, partition, headers in produced:
+                self._produce(topic, key, value, partition, [*headers, source])
+            self.ctx.metrics.records_out.labels(self.label).inc(len(produced))
+            return
+
+    def _outputs(self, msg: Message) -> list[tuple]:
+        app = self.ctx.app
+        record = Record(
+            key=app.key_serde.deserialize(msg.key()),
+            value=app.value_serde.deserialize(msg.value()),
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            timestamp_ms=msg.timestamp()[1],
+            headers=tuple(msg.headers() or ()),
+        )
+        return [
+            (
+                out.topic or self.ctx.output_topic,
+                app.output_key_serde.serialize(out.key),
+                app.output_value_serde.serialize(out.value),
+                out.partition,
+                list(out.headers),
+            )
+            for out in app.process(self.state, record)
+        ]
+
+    def _give_up(self, msg: Message, error: Exception, attempts: int) -> None:
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if self.ctx.settings.on_poison == "stop":
+            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
+        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                            type(error).__name__, str(error), attempts)
+        self._produce(self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
+        self.ctx.metrics.dead_letters.inc()
+        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
+
+    def _produce(self, topic: str, key, value, partition: int | None, headers: list) -> None:
+        kwargs = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                self.producer.produce(topic, value, key, headers=headers, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # local queue full: let deliveries drain
+
+    def _begin_if_needed(self) -> None:
+        if self._in_transaction:
+            return
+        if self.ctx.settings.exactly_once:
+            self._call(self.producer.begin_transaction)
+        self._in_transaction = True
+        self._txn_started = time.monotonic()
+        self._txn_records = 0
+
+    # -- 5. commit ----------------------------------------------------------------------------------------------------
+    def commit_due(self, now: float) -> bool:
+        s = self.ctx.settings
+        return self._in_transaction and (
+            now - self._txn_started >= s.commit_interval_ms / 1000 or self._txn_records >= s.commit_max_records
+        )
+
+    def commit(self) -> None:
+        if not self._in_transaction:
+            return
+        started = time.monotonic()
+        self._write_changelog()
+        self._txn_count += 1
+        if self.ctx.abort_hook is not None and self.ctx.abort_hook(self._txn_count):
+            raise TransactionAborted("injected abort (test hook)")
+        offsets = [TopicPartition(self.ctx.input_topic, self.partition, self.next_offset)]
+        if self.ctx.settings.exactly_once:
+            group = self.ctx.consumer.consumer_group_metadata()
+            self._call(self.producer.send_offsets_to_transaction, offsets, group, self._timeout_s)
+            self._call(self.producer.commit_transaction, self._timeout_s)
+        else:
+            self._call(self.producer.flush, self._timeout_s)
+            self.ctx.consumer.commit(offsets=offsets, asynchronous=False)
+        self.state.commit()
+        self.committed_offset = self.next_offset
+        self._in_transaction = False
+        self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
+        self.ctx.metrics.transactions.labels(self.label, "committed").inc()
+
+    def _write_changelog(self) -> None:
+        if not self.ctx.app.stateful:
+            return
+        topic, p = self.ctx.changelog_topic, self.partition
+        for key, value in self.state.changes():
+            self._produce(topic, key.encode(), value, p, [])
+        checkpoint = Checkpoint(self.ctx.input_topic, p, self.next_offset)
+        self._produce(topic, CHECKPOINT_KEY, checkpoint.encode(), p, [CHECKPOINT_HEADER])
+
+    def _call(self, method: Callable, *args) -> None:
+        """Calls a transactional producer method, retrying while its outcome is unknown (rule 5)."""
+        deadline = time.monotonic() + self.ctx.settings.transaction_timeout_ms / 1000
+        while True:
+            try:
+                method(*args)
+                return
+            except KafkaException as e:
+                error = kafka_error(e)
+                action = classify(error) if error is not None else Action.DROP
+                if action is Action.RETRY and time.monotonic() < deadline:
+                    log.info("p%d: %s: %s; retrying", self.partition, method.__name__, error)
+                    time.sleep(0.05)
+                    continue
+                if action is Action.ABORT:
+                    raise TransactionAborted(f"{method.__name__}: {error}") from e
+                raise PartitionDropped(f"{method.__name__}: {error}") from e
+
+    # -- 6. abort and rewind ------------------------------------------------------------------------------------------
+    def abort_and_rewind(self) -> None:
+        """Back to the last committed transaction: abort, undo state, seek the input back (rule 4)."""
+        if self._in_transaction and self.ctx.settings.exactly_once:
+            self._call(self.producer.abort_transaction, self._timeout_s)
+        self._in_transaction = False
+        self.state.undo_transaction()
+        self.next_offset = self.committed_offset
+        self.ctx.metrics.transactions.labels(self.label, "aborted").inc()
+        self.phase = Phase.REWINDING
+        self.try_seek_back()
+
+    def try_seek_back(self) -> bool:
+        offset = OFFSET_BEGINNING if self.committed_offset is None else self.committed_offset
+        try:
+            self.ctx.consumer.seek(TopicPartition(self.ctx.input_topic, self.partition, offset))
+        except KafkaException as e:
+            log.info("p%d: seek back to %s not possible yet (%s); retrying", self.partition, offset, e)
+            return False
+        self.phase = Phase.RUNNING
+        return True
+
+    # -- 7. close -----------------------------------------------------------------------------------------------------
+    def close(self, commit: bool) -> None:
+        """Ends p's ownership: commit (or abort) the open transaction, then close the producer."""
+        if self.phase in (Phase.DROPPED, Phase.CLOSED):
+            return
+        try:
+            if commit and self.phase is Phase.RUNNING:
+                self.commit()
+            elif self._in_transaction and self.ctx.settings.exactly_once:
+                self.producer.abort_transaction(self._timeout_s)
+        except (TransactionAborted, PartitionDropped, KafkaException) as e:
+            log.warning("p%d: could not finish the open transaction on close: %s", self.partition, e)
+            if self._in_transaction and self.ctx.settings.exactly_once:
+                # If fenced or fatal, the broker aborts it, and the next owner's fence makes sure.
+                with contextlib.suppress(KafkaException):
+                    self.producer.abort_transaction(self._timeout_s)
+        self.producer.flush(self._timeout_s)
+        self.phase = Phase.CLOSED
+
+    def drop(self, reason: str) -> None:
+        """Fenced or fatally broken: forget everything, commit nothing."""
+        self.phase = Phase.DROPPED
+        self.error = reason
+        self._in_transaction = False
