@@ -69,6 +69,9 @@ class Runner:
         self.restores: dict[int, ChangelogRestore] = {}
         self._dropped_at: dict[int, float] = {}
         self._stop = threading.Event()
+        if abort_hook is None and settings.test_abort_every > 0:
+            every = settings.test_abort_every
+            abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self._timeout_s = settings.request_timeout_ms / 1000
         self.admin = AdminClient(self._client_config())
@@ -214,14 +217,12 @@ class Runner:
         except PartitionDropped as e:
             self._drop(task, str(e))
         except PoisonRecordStop as e:
-            log.error("p%d: STOPPED: %s. Fix the record or the code and restart; nothing past it was committed.",
-                      task.partition, e)
-            try:
-                task.abort_and_rewind()
-            finally:
-                task.phase = Phase.STOPPED
-                task.error = str(e)
-                self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+            self._guarded(task, task.commit)  # what came before the poison record is good: keep it
+            log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on "
+                      "was committed.", task.partition, task.next_offset, e)
+            task.phase = Phase.STOPPED
+            task.error = str(e)
+            self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
 
     def _drop(self, task: PartitionTask, reason: str) -> None:
         log.warning("p%d: dropped without committing: %s", task.partition, reason)
@@ -320,11 +321,15 @@ class Runner:
 
     # -- revocation --------------------------------------------------------------------------------------------------
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            log.info("revoked %s: committing what is open", [tp.partition for tp in partitions])
         for tp in partitions:
             self._close_task(tp.partition, commit=True)
         self.metrics.assigned.set(len(self.tasks))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("lost %s (membership expired): aborting what is open, committing nothing",
+                    [tp.partition for tp in partitions])
         for tp in partitions:
             self._close_task(tp.partition, commit=False)
         self.metrics.assigned.set(len(self.tasks))

@@ -51,6 +51,7 @@ class Settings:
     group_instance_id: str = ""  # static membership (e.g. the pod name)
     metrics_port: int = 0  # 0: no HTTP endpoint
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
+    test_abort_every: int = 0  # testing only: abort every k-th transaction of each partition (0: never)
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

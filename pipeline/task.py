@@ -277,21 +277,24 @@ class PartitionTask:
 
     # -- 7. close -----------------------------------------------------------------------------------------------------
     def close(self, commit: bool) -> None:
-        """Ends p's ownership: commit (or abort) the open transaction, then close the producer."""
-        if self.phase in (Phase.DROPPED, Phase.CLOSED):
+        """Ends p's ownership: commit (or abort) the open transaction, then flush. Never raises: whatever is left
+        open is aborted by the broker (transaction timeout) or by the next owner's fence."""
+        if self.phase is Phase.CLOSED:
             return
-        try:
-            if commit and self.phase is Phase.RUNNING:
+        if commit and self.phase is Phase.RUNNING:
+            try:
                 self.commit()
-            elif self._in_transaction and self.ctx.settings.exactly_once:
+            except (TransactionAborted, PartitionDropped) as e:
+                log.warning("p%d: could not commit on close: %s", self.partition, e)
+        if self._in_transaction and self.ctx.settings.exactly_once and self.phase is not Phase.DROPPED:
+            try:
                 self.producer.abort_transaction(self._timeout_s)
-        except (TransactionAborted, PartitionDropped, KafkaException) as e:
-            log.warning("p%d: could not finish the open transaction on close: %s", self.partition, e)
-            if self._in_transaction and self.ctx.settings.exactly_once:
-                # If fenced or fatal, the broker aborts it, and the next owner's fence makes sure.
-                with contextlib.suppress(KafkaException):
-                    self.producer.abort_transaction(self._timeout_s)
-        self.producer.flush(self._timeout_s)
+                log.info("p%d: open transaction aborted", self.partition)
+            except KafkaException as e:
+                log.info("p%d: open transaction not aborted here (%s): fenced or timed out", self.partition, e)
+        with contextlib.suppress(KafkaException):  # a fenced producer refuses even to flush
+            self.producer.flush(self._timeout_s)
+        self._in_transaction = False
         self.phase = Phase.CLOSED
 
     def drop(self, reason: str) -> None:
