@@ -1,0 +1,144 @@
+"""Pipeline processes for fault runs: start N instances, kill / stop / pause them, wait until the group caught up.
+
+Used by the fault tests and the chaos command. Each instance is a real `python -m pipeline run MODULE:ATTR`
+process, so SIGKILL and SIGSTOP hit exactly what they would hit in production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pipeline.offsets import high_watermarks
+
+# Short enough that a fault run on 2 cores takes seconds, long enough for a loaded machine.
+FAST_FAILOVER = {
+    "PIPELINE_SESSION_TIMEOUT_MS": "6000",
+    "PIPELINE_HEARTBEAT_INTERVAL_MS": "500",
+    "PIPELINE_TRANSACTION_TIMEOUT_MS": "10000",
+    "PIPELINE_REQUEST_TIMEOUT_MS": "10000",
+}
+
+
+@dataclass
+class Instance:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive:
+            self.process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        self.signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Fleet:
+    """Instances of one app sharing one consumer group."""
+
+    app_spec: str
+    bootstrap: str
+    env: Mapping[str, str]
+    log_dir: Path
+    instances: list[Instance] = field(default_factory=list)
+    _started: int = 0
+
+    def start(self, count: int = 1) -> list[Instance]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        started = [self._start_one() for _ in range(count)]
+        self.instances += started
+        return started
+
+    def _start_one(self) -> Instance:
+        self._started += 1
+        name = f"instance-{self._started}"
+        log_path = self.log_dir / f"{name}.log"
+        env = {**os.environ, **FAST_FAILOVER, **self.env, "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
+               "PIPELINE_KAFKA_CLIENT_ID": name}
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pipeline", "run", self.app_spec],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        return Instance(name, process, log_path)
+
+    @property
+    def alive(self) -> list[Instance]:
+        return [i for i in self.instances if i.alive]
+
+    def stop_all(self, timeout_s: float = 60) -> None:
+        for instance in self.instances:
+            instance.resume()
+            instance.signal(signal.SIGTERM)
+        for instance in self.instances:
+            try:
+                instance.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                instance.kill()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {i.name} (exit {i.process.poll()}) ---\n{i.log_tail()}" for i in self.instances)
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[int], timeout_s: float) -> dict:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+        return {tp.partition: tp.offset for tp in tps}
+    finally:
+        consumer.close()
+
+
+def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float) -> dict[int, int]:
+    """Waits until the group's committed offsets reach the input's end; returns the last lag seen if not."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    ends = high_watermarks(admin, topic, list(range(partitions)), 10)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        committed = committed_offsets(bootstrap, group, topic, list(range(partitions)), 10)
+        lag = {p: ends[p] - max(committed.get(p, 0), 0) for p in ends}
+        if not any(lag.values()) or time.monotonic() > deadline:
+            return {p: n for p, n in lag.items() if n}
+        time.sleep(0.25)
+
+
+def group_owners(bootstrap: str, group: str, timeout_s: float = 10) -> dict[str, list[int]]:
+    """client.id of each group member (the instance name) -> the input partitions it owns now."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    return {
+        member.client_id: sorted(tp.partition for tp in member.assignment.topic_partitions)
+        for member in description.members
+    }
