@@ -129,7 +129,8 @@ class Runner:
         })
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
-    def run(self) -> None:
+    def open(self) -> None:
+        """Checks the topics and creates the consumer; `run()` calls it."""
         s = self.settings
         internal = {self.dead_letter_topic: {}}
         if self.app.stateful:
@@ -140,6 +141,10 @@ class Runner:
         self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
                                self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
                                self._abort_hook)
+
+    def run(self) -> None:
+        s = self.settings
+        self.open()
         health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
         log.info("%s: %s from %s to %s (%s)", self.app_id, self.app.name, self.input_topic, self.output_topic,
                  s.processing_guarantee)

@@ -1,0 +1,90 @@
+"""Rule 1: fence before restore. Whatever a zombie commits before the new owner's fence must be seen by what the
+new owner reads after it. A runner that reads offsets and restores state first, then fences, misses the zombie's
+last commit and processes those records again: the broken double shows the test can tell the two apart."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+
+from confluent_kafka import Consumer, TopicPartition
+
+from pipeline import checker, settings
+from pipeline.examples import inputs
+from pipeline.examples.running_totals import app as totals
+from pipeline.runner import Runner
+from pipeline.task import PartitionDropped, PartitionTask, Phase
+from tests.support import eventually
+
+
+class RestoreBeforeFenceRunner(Runner):
+    """Test double breaking rule 1: reads p's committed offset and restores p's state, then fences."""
+
+    def _take_over(self, partitions: list[int], reassign: bool) -> None:
+        tasks = [PartitionTask(self.ctx, p) for p in partitions]
+        committed = self._committed_offsets(partitions)
+        for task in tasks:
+            task.start(committed[task.partition])
+            self._begin_restore(task)
+            while not self.restores[task.partition].step(1.0):
+                pass
+            self._end_restore(task.partition)
+        self._fence_all(tasks)
+        self.consumer.incremental_assign([TopicPartition(self.input_topic, p, committed[p] or 0) for p in partitions])
+        for task in tasks:
+            task.phase = Phase.RUNNING
+            self.tasks[task.partition] = task
+
+
+def zombie_with_open_transaction(runner: Runner, bootstrap: str) -> PartitionTask:
+    """A previous owner of p0 that processed every input record in a transaction it has not committed yet."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": runner.app_id, "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition(runner.input_topic, 0, 0)])
+    zombie = PartitionTask(dataclasses.replace(runner.ctx, consumer=consumer), 0)
+    zombie.fence()
+    zombie.start(None)
+    zombie.phase = Phase.RUNNING
+    records = []
+    while len(records) < 50:
+        records += [m for m in consumer.consume(50, 1.0) if not m.error()]
+    zombie.process(records)
+    return zombie
+
+
+def run_takeover(runner_class: type[Runner], bootstrap: str) -> checker.Verdict:
+    suffix = uuid.uuid4().hex[:8]
+    app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
+    inputs.create_topics(bootstrap, {app.input_topic: 1, app.output_topic: 1})
+    inputs.produce_running_totals(bootstrap, app.input_topic, 50, partitions=1)
+    config = settings.load(env={}, bootstrap_servers=bootstrap, app_id=f"rule1-{suffix}")
+    zombie: PartitionTask | None = None
+
+    class ZombieCommitsJustBeforeTheFence(runner_class):
+        def _fence_all(self, tasks):
+            with contextlib.suppress(PartitionDropped):
+                zombie.commit()  # the last thing a zombie can do: everything read after the fence sees it
+            super()._fence_all(tasks)
+
+    runner = ZombieCommitsJustBeforeTheFence(app, config)
+    runner.open()
+    zombie = zombie_with_open_transaction(runner, bootstrap)
+    runner._take_over([0], reassign=False)
+    eventually(lambda: runner._loop_once() or runner.tasks[0].next_offset == 50, timeout_s=30, interval_s=0)
+    runner.tasks[0].commit()
+    runner._shutdown()
+    return checker.verify(app, bootstrap, dead_letter_topic=runner.dead_letter_topic,
+                          changelog_topic=runner.changelog_topic, group_id=runner.app_id, timeout_s=30)
+
+
+def test_fencing_first_keeps_the_zombie_out(kafka_bootstrap):
+    verdict = run_takeover(Runner, kafka_bootstrap)
+    assert verdict.ok, verdict.summary()
+
+
+def test_restoring_before_fencing_lets_the_zombie_double_outputs(kafka_bootstrap):
+    verdict = run_takeover(RestoreBeforeFenceRunner, kafka_bootstrap)
+    assert not verdict.ok
+    assert verdict.duplicates.count == 50, verdict.summary()
+
