@@ -26,6 +26,8 @@ class Metrics:
             registry=r,
         )
         self.fenced = Counter("pipeline_fenced_partitions", "Partitions dropped because fenced", registry=r)
+        self.lost = Counter("pipeline_lost_partitions", "Partitions lost without a revoke (membership expired)",
+                            registry=r)
         self.dead_letters = Counter("pipeline_dead_letters", "Records written to the dead-letter topic", registry=r)
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r

@@ -131,6 +131,8 @@ class Runner:
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:
         """Checks the topics and creates the consumer; `run()` calls it."""
+        if self.consumer is not None:
+            return
         s = self.settings
         internal = {self.dead_letter_topic: {}}
         if self.app.stateful:
@@ -335,6 +337,7 @@ class Runner:
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("lost %s (membership expired): aborting what is open, committing nothing",
                     [tp.partition for tp in partitions])
+        self.metrics.lost.inc(len(partitions))
         for tp in partitions:
             self._close_task(tp.partition, commit=False)
         self.metrics.assigned.set(len(self.tasks))

@@ -1,0 +1,154 @@
+"""Rules 7 and 8: restore is complete and consistent, refuses loudly when something is missing, and never costs the
+group membership."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pipeline import checker, settings
+from pipeline.examples import inputs
+from pipeline.examples.running_totals import app as totals
+from pipeline.harness import wait_caught_up
+from pipeline.offsets import TailReader
+from pipeline.restore import RestoreError
+from pipeline.runner import Runner
+from tests.support import eventually
+
+
+def fresh_app(bootstrap: str, partitions: int = 1):
+    suffix = uuid.uuid4().hex[:8]
+    app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
+    inputs.create_topics(bootstrap, {app.input_topic: partitions, app.output_topic: partitions})
+    return app, f"restore-{suffix}"
+
+
+def make_runner(app, app_id: str, bootstrap: str, **overrides) -> Runner:
+    return Runner(app, settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id, **overrides))
+
+
+@contextmanager
+def running(runner: Runner) -> Iterator[Runner]:
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            runner.run()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.stop()
+        thread.join(60)
+    if errors:
+        raise errors[0]
+
+
+def process_all(app, app_id: str, bootstrap: str, partitions: int = 1) -> None:
+    with running(make_runner(app, app_id, bootstrap)):
+        assert not wait_caught_up(bootstrap, app_id, app.input_topic, partitions, 60)
+
+
+def test_restart_restores_state_and_continues_exactly_once(kafka_bootstrap):
+    app, app_id = fresh_app(kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 2_000, partitions=1, seed=1)
+    process_all(app, app_id, kafka_bootstrap)
+
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 2_000, partitions=1, seed=2)
+    runner = make_runner(app, app_id, kafka_bootstrap)
+    with running(runner):
+        assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 60)
+    restored = runner.metrics.restore_records.labels("0")._value.get()
+    assert restored > 50  # the first run's changes and checkpoints were read back
+    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
+                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    assert verdict.ok, verdict.summary()
+
+
+def test_checkpoint_that_disagrees_with_the_group_offset_refuses_to_start(kafka_bootstrap):
+    app, app_id = fresh_app(kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 500, partitions=1)
+    process_all(app, app_id, kafka_bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.delete_consumer_groups([app_id], request_timeout=10)[app_id].result(10)  # e.g. expired group offsets
+
+    refusal = r"checkpoint covers input offset 500 but the group's committed offset is None"
+    with pytest.raises(RestoreError, match=refusal):
+        make_runner(app, app_id, kafka_bootstrap).run()
+
+
+def test_truncated_changelog_without_snapshot_refuses_to_start(kafka_bootstrap):
+    app, app_id = fresh_app(kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 500, partitions=1)
+    process_all(app, app_id, kafka_bootstrap)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    changelog = TopicPartition(f"{app_id}-changelog", 0, 10)
+    admin.delete_records([changelog], request_timeout=10)[changelog].result(10)
+
+    with pytest.raises(RestoreError, match=r"starts at offset 10, not 0"):
+        make_runner(app, app_id, kafka_bootstrap).run()
+
+
+def fill_changelog(bootstrap: str, topic: str, records: int) -> None:
+    producer = Producer(inputs.producer_config(bootstrap))
+    for i in range(records):
+        producer.produce(topic, b"[1,%d]" % i, b"key-%d" % (i % 5_000), partition=0)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+@pytest.fixture
+def slow_restore(monkeypatch):
+    """Every changelog read step takes 50 ms longer, so restoring ~200 steps takes ~10 s > max.poll.interval.ms."""
+    original = TailReader.step
+
+    def slow_step(self, timeout_s=0.1, max_records=10_000):
+        time.sleep(0.05)
+        return original(self, timeout_s, max_records=500)
+
+    monkeypatch.setattr(TailReader, "step", slow_step)
+
+
+def restore_a_long_changelog(bootstrap: str, runner_class: type[Runner], until) -> Runner:
+    app, app_id = fresh_app(bootstrap)
+    runner = runner_class(app, settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id,
+                                             max_poll_interval_ms=6_000, session_timeout_ms=6_000,
+                                             request_timeout_ms=2_000, restore_step_ms=100))
+    runner.open()  # creates the changelog
+    fill_changelog(bootstrap, runner.changelog_topic, 100_000)
+    with running(runner):
+        eventually(lambda: until(runner), timeout_s=90, interval_s=0.2)
+    return runner
+
+
+def test_long_restore_keeps_the_group_membership(kafka_bootstrap, slow_restore):
+    runner = restore_a_long_changelog(kafka_bootstrap, Runner, lambda r: r.tasks and r.is_ready())
+    assert runner.metrics.restore_seconds.labels("0")._value.get() > 6  # longer than max.poll.interval.ms
+    assert runner.metrics.lost._value.get() == 0
+
+
+class BlockingRestoreRunner(Runner):
+    """Test double breaking rule 8: restores each partition to the end in one go on the poll thread."""
+
+    def _advance_restores(self) -> None:
+        for restore in self.restores.values():
+            while not restore.step(1.0):
+                pass
+        super()._advance_restores()
+
+
+def test_blocking_restore_loses_the_membership(kafka_bootstrap, slow_restore):
+    runner = restore_a_long_changelog(kafka_bootstrap, BlockingRestoreRunner, lambda r: r.metrics.lost._value.get())
+    assert runner.metrics.lost._value.get() >= 1
