@@ -1,41 +1,65 @@
-"""`make demo`: a transactional round trip against the local broker, printed step by step."""
+"""`make demo`: two running-totals instances, one killed with SIGKILL midway, the other takes over; then the
+checker's verdict and the survivor's metrics."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+import time
+import urllib.request
 import uuid
+from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from pipeline import checker
+from pipeline.examples import inputs
+from pipeline.examples.running_totals import app
+from pipeline.harness import Fleet, group_owners, wait_caught_up
 
-from pipeline.offsets import TailReader, high_watermarks, read_to_end
+RECORDS = 60_000
+PARTITIONS = 3
+METRICS_PORTS = (9464, 9465)
+SHOWN_METRICS = ("pipeline_records_in_total", "pipeline_transactions_total", "pipeline_commit_latency_seconds_count",
+                 "pipeline_commit_latency_seconds_sum", "pipeline_restore_records_total", "pipeline_dead_letters_total")
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def main() -> None:
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-    topic = f"demo-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    print(f"created topic {topic} on {bootstrap}")
+    suffix = uuid.uuid4().hex[:6]
+    app_id, source, sink = f"demo-{suffix}", f"demo-in-{suffix}", f"demo-out-{suffix}"
+    inputs.create_topics(bootstrap, {source: PARTITIONS, sink: PARTITIONS})
+    inputs.produce_running_totals(bootstrap, source, RECORDS, partitions=PARTITIONS, poison_every=10_000)
+    say(f"produced {RECORDS} running-totals records to {source} ({PARTITIONS} partitions, 1 in 10000 is poison)")
 
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"demo-{topic}"})
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(topic, b"committed")
-    producer.commit_transaction(30)
-    print("transaction 1: wrote 'committed', committed")
-    producer.begin_transaction()
-    producer.produce(topic, b"aborted")
-    producer.flush()
-    producer.abort_transaction(30)
-    print("transaction 2: wrote 'aborted', aborted")
+    env = {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": source, "PIPELINE_OUTPUT_TOPIC": sink,
+           "PIPELINE_KAFKA_QUEUED_MAX_MESSAGES_KBYTES": "4096"}
+    fleet = Fleet("pipeline.examples.running_totals:app", bootstrap, env, Path(tempfile.mkdtemp(prefix="demo-")))
+    victim, survivor = (fleet.start(1, PIPELINE_METRICS_PORT=str(port))[0] for port in METRICS_PORTS)
+    say(f"started two instances; logs in {fleet.log_dir}")
+    time.sleep(3)
+    say(f"partitions before the crash: {group_owners(bootstrap, app_id)}")
+    victim.kill()
+    say(f"SIGKILL {victim.name} in the middle of its transactions")
+    lag = wait_caught_up(bootstrap, app_id, source, PARTITIONS, 120)
+    say(f"partitions after take-over: {group_owners(bootstrap, app_id)}; remaining lag {lag or 0}")
+    print_metrics(METRICS_PORTS[1])
+    fleet.stop_all()
 
-    for isolation in ("read_uncommitted", "read_committed"):
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo", "isolation.level": isolation})
-        ends = high_watermarks(admin, topic, [0], 10)
-        values = [m.value().decode() for m in read_to_end(TailReader(consumer, topic, {0: 0}, ends), 20)]
-        consumer.close()
-        print(f"{isolation:>16} reader sees {values} (high watermark {ends[0]}: markers occupy offsets too)")
+    verdict = checker.verify(app, bootstrap, input_topic=source, output_topic=sink, dead_letter_topic=f"{app_id}-dlq",
+                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    print(verdict.summary())
+    raise SystemExit(0 if verdict.ok else 1)
+
+
+def print_metrics(port: int) -> None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    say(f"metrics of the survivor (http://127.0.0.1:{port}/metrics):")
+    for line in text.splitlines():
+        if line.startswith(SHOWN_METRICS):
+            print("   ", line)
 
 
 if __name__ == "__main__":

@@ -75,17 +75,17 @@ class Fleet:
     instances: list[Instance] = field(default_factory=list)
     _started: int = 0
 
-    def start(self, count: int = 1) -> list[Instance]:
+    def start(self, count: int = 1, **extra_env: str) -> list[Instance]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        started = [self._start_one() for _ in range(count)]
+        started = [self._start_one(extra_env) for _ in range(count)]
         self.instances += started
         return started
 
-    def _start_one(self) -> Instance:
+    def _start_one(self, extra_env: Mapping[str, str]) -> Instance:
         self._started += 1
         name = f"instance-{self._started}"
         log_path = self.log_dir / f"{name}.log"
-        env = {**os.environ, **FAST_FAILOVER, **self.env, "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
+        env = {**os.environ, **FAST_FAILOVER, **self.env, **extra_env, "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
                "PIPELINE_KAFKA_CLIENT_ID": name}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
