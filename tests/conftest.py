@@ -16,6 +16,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
 
+pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]
+
 
 
 

@@ -1,0 +1,97 @@
+"""Proofs that Spark reads Kafka through the real connector with read_committed (each fails against a fake)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pyspark
+import pytest
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+pytestmark = pytest.mark.spark
+
+VERSIONS_ENV = Path(__file__).resolve().parents[2] / "deploy" / "versions.env"
+PARTITIONS = 2
+
+
+def pinned_version(name: str) -> str:
+    for line in VERSIONS_ENV.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == name:
+            return value.strip()
+    raise AssertionError(f"{name} is not pinned in {VERSIONS_ENV}")
+
+
+def produce_transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:
+    producer.begin_transaction()
+    for i, value in enumerate(values):
+        producer.produce(topic, value, partition=i % PARTITIONS)
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(30)  # the aborted records reach the log, so read_committed has to skip them
+        producer.abort_transaction(30)
+
+
+def high_watermarks(admin: AdminClient, topic: str) -> dict[int, int]:
+    specs = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
+    futures = admin.list_offsets(specs, isolation_level=IsolationLevel.READ_UNCOMMITTED)
+    return {tp.partition: future.result(timeout=30).offset for tp, future in futures.items()}
+
+
+def offsets_json(topic: str, offsets: dict[int, int]) -> str:
+    return json.dumps({topic: {str(p): offset for p, offset in offsets.items()}})
+
+
+def spark_read(spark, bootstrap: str, topic: str, ends: dict[int, int], isolation: str) -> dict[int, list[bytes]]:
+    """Batch-reads [0, ends) of every partition; returns the values per partition in offset order."""
+    rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("kafka.isolation.level", isolation)
+        .option("startingOffsets", offsets_json(topic, dict.fromkeys(ends, 0)))
+        .option("endingOffsets", offsets_json(topic, ends))
+        .option("failOnDataLoss", "true")
+        .load()
+        .select("partition", "offset", "value")
+        .collect()
+    )
+    by_partition: dict[int, list[bytes]] = {p: [] for p in ends}
+    for row in sorted(rows, key=lambda r: (r.partition, r.offset)):
+        by_partition[row.partition].append(bytes(row.value))
+    return by_partition
+
+
+def in_log_order(*transactions: list[bytes]) -> dict[int, list[bytes]]:
+    """What each partition holds, in offset order, after producing the transactions one after another."""
+    return {p: [value for values in transactions for value in values[p::PARTITIONS]] for p in range(PARTITIONS)}
+
+
+def test_pyspark_is_the_pinned_spark_version():
+    assert pyspark.__version__ == pinned_version("SPARK_VERSION")
+
+
+def test_spark_batch_read_committed_returns_exactly_the_committed_records(spark, kafka_bootstrap, new_topic):
+    topic = new_topic("spark", partitions=PARTITIONS)
+    before = [f"committed-{i}".encode() for i in range(6)]
+    aborted = [f"aborted-{i}".encode() for i in range(6)]
+    after = [f"committed-{i}".encode() for i in range(6, 12)]
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"spark-test-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    produce_transaction(producer, topic, before, commit=True)
+    produce_transaction(producer, topic, aborted, commit=False)
+    produce_transaction(producer, topic, after, commit=True)
+    ends = high_watermarks(AdminClient({"bootstrap.servers": kafka_bootstrap}), topic)
+    # 3 records + 1 transaction marker per partition and transaction.
+    assert ends == dict.fromkeys(range(PARTITIONS), 12)
+
+    committed = spark_read(spark, kafka_bootstrap, topic, ends, "read_committed")
+    assert committed == in_log_order(before, after)
+
+    # The aborted records are really in the log: only the isolation level keeps them out.
+    uncommitted = spark_read(spark, kafka_bootstrap, topic, ends, "read_uncommitted")
+    assert uncommitted == in_log_order(before, aborted, after)

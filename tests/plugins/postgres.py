@@ -1,0 +1,69 @@
+"""PostgreSQL for the tests: `POSTGRES_DSN` if set, else testcontainers when a Docker engine answers, else the
+project's own local server (deploy/local/postgres.sh). One server per test session; a fresh schema per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+POSTGRES_SH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "postgres.sh"
+CONNECT_TIMEOUT_S = 10
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+def _postgres_sh(*args: str) -> str:
+    try:
+        done = subprocess.run([str(POSTGRES_SH), *args], check=True, capture_output=True, text=True, timeout=900)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"{POSTGRES_SH.name} {' '.join(args)} failed:\n{exc.stderr.strip()}") from exc
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    if dsn := os.environ.get("POSTGRES_DSN"):
+        yield dsn
+        return
+    if _docker_engine_answers():
+        from testcontainers.community.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", username="pipeline", password="pipeline", dbname="pipeline") as pg:
+            yield pg.get_connection_url(driver=None)
+        return
+    was_running = "running" in _postgres_sh("status")
+    _postgres_sh("start")
+    yield _postgres_sh("dsn")
+    if not was_running and os.environ.get("KEEP_POSTGRES") != "1":
+        _postgres_sh("stop")
+
+
+def connect(dsn: str, **kwargs: object) -> psycopg.Connection:
+    """A connection with bounded waits: connecting, and locks (a leaked transaction must not hang a test)."""
+    return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, options="-c lock_timeout=10s", **kwargs)
+
+
+@pytest.fixture
+def pg_schema(postgres_dsn: str) -> Iterator[str]:
+    """A schema that exists for this test only (dropped with everything in it afterwards)."""
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    with connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    yield name
+    with connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
