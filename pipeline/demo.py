@@ -37,7 +37,7 @@ def main() -> None:
     env = {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": source, "PIPELINE_OUTPUT_TOPIC": sink,
            "PIPELINE_KAFKA_QUEUED_MAX_MESSAGES_KBYTES": "4096"}
     fleet = Fleet("pipeline.examples.running_totals:app", bootstrap, env, Path(tempfile.mkdtemp(prefix="demo-")))
-    victim, survivor = (fleet.start(1, PIPELINE_METRICS_PORT=str(port))[0] for port in METRICS_PORTS)
+    victim, _survivor = (fleet.start(1, PIPELINE_METRICS_PORT=str(port))[0] for port in METRICS_PORTS)
     say(f"started two instances; logs in {fleet.log_dir}")
     time.sleep(3)
     say(f"partitions before the crash: {group_owners(bootstrap, app_id)}")
