@@ -82,6 +82,7 @@ def validate(s: Settings) -> None:
     for name in ("commit_interval_ms", "commit_max_records", "poll_max_records", "processing_max_attempts",
                  "session_timeout_ms", "transaction_timeout_ms", "request_timeout_ms", "restore_step_ms"):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
     require(
         s.heartbeat_interval_ms * 3 <= s.session_timeout_ms,
@@ -127,9 +128,11 @@ def _field_types() -> dict[str, type]:
 def _coerce(name: str, raw: Any) -> Any:
     kind = _field_types()[name]
     if kind is int:
+        if isinstance(raw, (bool, float)) or not isinstance(raw, (int, str)):
+            raise ConfigError(f"{name.upper()} must be an integer, not {raw!r}")
         try:
             return int(raw)
-        except (TypeError, ValueError):
+        except ValueError:
             raise ConfigError(f"{name.upper()} must be an integer, not {raw!r}") from None
     return str(raw)
 

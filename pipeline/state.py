@@ -71,7 +71,7 @@ class PartitionState(MutableMapping[str, Any]):
         """(key, encoded value or None for a delete) of every key whose value changed in this transaction."""
         for key, before in self._before_txn.items():
             now = self._data.get(key, _MISSING)
-            if now is before:
+            if now is before or now == before:
                 continue
             yield key, (None if now is _MISSING else now)
 

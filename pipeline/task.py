@@ -187,6 +187,8 @@ class PartitionTask:
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain
+            except KafkaException as e:
+                _raise_classified("produce", e)
 
     def _begin_if_needed(self) -> None:
         if self._in_transaction:
@@ -244,14 +246,11 @@ class PartitionTask:
                 return
             except KafkaException as e:
                 error = kafka_error(e)
-                action = classify(error) if error is not None else Action.DROP
-                if action is Action.RETRY and time.monotonic() < deadline:
+                if error is not None and classify(error) is Action.RETRY and time.monotonic() < deadline:
                     log.info("p%d: %s: %s; retrying", self.partition, method.__name__, error)
                     time.sleep(0.05)
                     continue
-                if action is Action.ABORT:
-                    raise TransactionAborted(f"{method.__name__}: {error}") from e
-                raise PartitionDropped(f"{method.__name__}: {error}") from e
+                _raise_classified(method.__name__, e)
 
     # -- 6. abort and rewind ------------------------------------------------------------------------------------------
     def abort_and_rewind(self) -> None:
@@ -284,7 +283,7 @@ class PartitionTask:
         if commit and self.phase is Phase.RUNNING:
             try:
                 self.commit()
-            except (TransactionAborted, PartitionDropped) as e:
+            except (TransactionAborted, PartitionDropped, KafkaException) as e:
                 log.warning("p%d: could not commit on close: %s", self.partition, e)
         if self._in_transaction and self.ctx.settings.exactly_once and self.phase is not Phase.DROPPED:
             try:
@@ -302,3 +301,11 @@ class PartitionTask:
         self.phase = Phase.DROPPED
         self.error = reason
         self._in_transaction = False
+
+
+def _raise_classified(operation: str, exc: KafkaException) -> None:
+    """Turns a Kafka error inside a transaction into TransactionAborted or PartitionDropped (never RETRY here)."""
+    error = kafka_error(exc)
+    if error is not None and classify(error) is Action.ABORT:
+        raise TransactionAborted(f"{operation}: {error}") from exc
+    raise PartitionDropped(f"{operation}: {error or exc}") from exc

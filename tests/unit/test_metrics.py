@@ -1,0 +1,94 @@
+"""HealthServer: /metrics (Prometheus text), /ready (503 until ready, then 200), /live."""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline.metrics import HealthServer, Metrics
+
+
+class Readiness:
+    def __init__(self) -> None:
+        self.ready = False
+
+    def __call__(self) -> bool:
+        return self.ready
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, Metrics, Readiness]]:
+    """One server for the module: stopping one waits for its poll interval (0.5 s)."""
+    metrics, readiness = Metrics(), Readiness()
+    server = HealthServer(metrics, readiness, port=0, host="127.0.0.1").start()
+    try:
+        yield f"http://127.0.0.1:{server.port}", metrics, readiness
+    finally:
+        server.stop()
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, e.headers["Content-Type"], e.read()
+
+
+def test_metrics_serves_prometheus_text(served: tuple[str, Metrics, Readiness]) -> None:
+    base, metrics, _ = served
+    metrics.records_in.labels("0").inc(3)
+    metrics.records_out.labels("0").inc(2)
+    metrics.transactions.labels("0", "committed").inc()
+    metrics.dead_letters.inc()
+    metrics.commit_latency.observe(0.02)
+    status, content_type, body = get(base + "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain")
+    text = body.decode()
+    assert re.search(r"^# TYPE pipeline_records_in(_total)? counter$", text, re.MULTILINE)
+    assert 'pipeline_records_in_total{partition="0"} 3.0' in text
+    assert 'pipeline_records_out_total{partition="0"} 2.0' in text
+    assert 'pipeline_transactions_total{outcome="committed",partition="0"} 1.0' in text
+    assert "pipeline_dead_letters_total 1.0" in text
+    assert "pipeline_commit_latency_seconds_count 1.0" in text
+    for name in (
+        "pipeline_fenced_partitions",
+        "pipeline_processing_errors",
+        "pipeline_restore_duration_seconds",
+        "pipeline_consumer_lag",
+        "pipeline_assigned_partitions",
+        "pipeline_ready",
+    ):
+        assert f"# HELP {name}" in text
+
+
+def test_ready_follows_the_callable(served: tuple[str, Metrics, Readiness]) -> None:
+    base, _, readiness = served
+    readiness.ready = False
+    status, _, body = get(base + "/ready")
+    assert (status, body) == (503, b"restoring\n")
+    readiness.ready = True
+    status, _, body = get(base + "/ready")
+    assert (status, body) == (200, b"ready\n")
+    readiness.ready = False
+    assert get(base + "/ready")[0] == 503
+
+
+def test_live_and_unknown_paths(served: tuple[str, Metrics, Readiness]) -> None:
+    base, _, _ = served
+    assert get(base + "/live")[:1] == (200,)
+    assert get(base + "/live")[2] == b"live\n"
+    assert get(base + "/nope")[0] == 404
+
+
+def test_each_metrics_object_has_its_own_registry() -> None:
+    a, b = Metrics(), Metrics()  # no "Duplicated timeseries" error: several runners can live in one process
+    a.records_in.labels("1").inc()
+    assert b"pipeline_records_in_total" in a.exposition()
+    assert b'pipeline_records_in_total{partition="1"}' not in b.exposition()

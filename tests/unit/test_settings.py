@@ -1,0 +1,199 @@
+"""settings.load: defaults < TOML file < environment < overrides; every error names the setting; secrets redacted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, ConfigError, Settings, load
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load(env={})
+    assert s == Settings()
+    assert s.exactly_once and s.processing_guarantee == EXACTLY_ONCE
+    assert s.kafka == {}
+
+
+def test_from_env() -> None:
+    s = load(
+        env={
+            "PIPELINE_BOOTSTRAP_SERVERS": "b1:9092,b2:9092",
+            "PIPELINE_APP_ID": "totals",
+            "PIPELINE_COMMIT_INTERVAL_MS": "250",
+            "PIPELINE_PROCESSING_GUARANTEE": AT_LEAST_ONCE,
+            "PIPELINE_ON_POISON": "stop",
+            "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "PIPELINE_KAFKA_SASL_MECHANISM": "PLAIN",
+            "OTHER_VARIABLE": "ignored",
+        }
+    )
+    assert s.bootstrap_servers == "b1:9092,b2:9092"
+    assert s.app_id == "totals"
+    assert s.commit_interval_ms == 250 and isinstance(s.commit_interval_ms, int)
+    assert not s.exactly_once
+    assert s.on_poison == "stop"
+    assert s.kafka == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+
+
+def test_from_toml_with_a_kafka_table(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+app_id = "from-file"
+commit_interval_ms = 300
+input_topic = "in"
+
+[kafka]
+"security.protocol" = "SSL"
+"linger.ms" = 5
+""",
+    )
+    s = load(path, env={})
+    assert (s.app_id, s.commit_interval_ms, s.input_topic) == ("from-file", 300, "in")
+    assert s.kafka == {"security.protocol": "SSL", "linger.ms": "5"}
+
+
+def test_config_file_named_by_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, 'app_id = "via-env"\n')
+    assert load(env={"PIPELINE_CONFIG_FILE": str(path)}).app_id == "via-env"
+
+
+def test_precedence_file_then_env_then_overrides(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+app_id = "file"
+input_topic = "file-in"
+output_topic = "file-out"
+commit_interval_ms = 300
+
+[kafka]
+"security.protocol" = "SSL"
+"client.id" = "file"
+"linger.ms" = "1"
+""",
+    )
+    env = {
+        "PIPELINE_INPUT_TOPIC": "env-in",
+        "PIPELINE_OUTPUT_TOPIC": "env-out",
+        "PIPELINE_KAFKA_CLIENT_ID": "env",
+        "PIPELINE_KAFKA_LINGER_MS": "2",
+    }
+    s = load(path, env=env, output_topic="override-out", commit_interval_ms=None, kafka={"linger.ms": "3"})
+    assert s.app_id == "file"  # only in the file
+    assert s.input_topic == "env-in"  # env beats the file
+    assert s.output_topic == "override-out"  # overrides beat env
+    assert s.commit_interval_ms == 300  # an override of None means "not given"
+    assert s.kafka == {"security.protocol": "SSL", "client.id": "env", "linger.ms": "3"}
+
+
+def test_with_overrides_validates_again() -> None:
+    s = Settings()
+    assert s.with_overrides(app_id="x").app_id == "x"
+    with pytest.raises(ConfigError, match="ON_POISON"):
+        s.with_overrides(on_poison="ignore")
+
+
+# -- every error names the setting ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"PIPELINE_FOO": "1"}, ["PIPELINE_FOO"]),
+        ({"PIPELINE_COMMIT_INTERVAL_MS": "fast"}, ["COMMIT_INTERVAL_MS", "integer", "'fast'"]),
+        ({"PIPELINE_SESSION_TIMEOUT_MS": "1.5"}, ["SESSION_TIMEOUT_MS", "integer"]),
+        (
+            {"PIPELINE_COMMIT_INTERVAL_MS": "10000", "PIPELINE_TRANSACTION_TIMEOUT_MS": "10000"},
+            ["COMMIT_INTERVAL_MS", "TRANSACTION_TIMEOUT_MS"],
+        ),
+        ({"PIPELINE_SESSION_TIMEOUT_MS": "5999"}, ["SESSION_TIMEOUT_MS", "6000"]),
+        (
+            {"PIPELINE_SESSION_TIMEOUT_MS": "9000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "3001"},
+            ["HEARTBEAT_INTERVAL_MS", "SESSION_TIMEOUT_MS"],
+        ),
+        ({"PIPELINE_PROCESSING_GUARANTEE": "exactly-once"}, ["PROCESSING_GUARANTEE", "'exactly-once'"]),
+        ({"PIPELINE_ON_POISON": "skip"}, ["ON_POISON", "'skip'"]),
+        ({"PIPELINE_COMMIT_MAX_RECORDS": "0"}, ["COMMIT_MAX_RECORDS"]),
+        ({"PIPELINE_BOOTSTRAP_SERVERS": ""}, ["BOOTSTRAP_SERVERS"]),
+        ({"PIPELINE_TRANSACTION_TIMEOUT_MS": "900001"}, ["TRANSACTION_TIMEOUT_MS"]),
+        ({"PIPELINE_MAX_POLL_INTERVAL_MS": "5000"}, ["MAX_POLL_INTERVAL_MS"]),
+    ],
+    ids=[
+        "unknown",
+        "not-an-integer",
+        "float",
+        "commit-interval-vs-txn-timeout",
+        "session-below-6000",
+        "heartbeat-over-a-third",
+        "guarantee-typo",
+        "on-poison-typo",
+        "non-positive",
+        "empty-bootstrap",
+        "txn-timeout-over-broker-max",
+        "max-poll-too-short",
+    ],
+)
+def test_errors_name_the_setting(env: dict[str, str], names: list[str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(env=env)
+    for name in names:
+        assert name in str(raised.value)
+
+
+def test_a_heartbeat_of_exactly_a_third_is_fine() -> None:
+    assert load(env={"PIPELINE_SESSION_TIMEOUT_MS": "9000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "3000"})
+
+
+def test_errors_in_the_file_name_the_file_and_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"pipeline\.toml.*unknown settings \['colour'\]"):
+        load(write(tmp_path, 'colour = "red"\n'), env={})
+    with pytest.raises(ConfigError, match="COMMIT_INTERVAL_MS must be an integer"):
+        load(write(tmp_path, 'commit_interval_ms = "soon"\n'), env={})
+    with pytest.raises(ConfigError, match=r"CONFIG_FILE .*pipeline\.toml"):
+        load(write(tmp_path, "this is = not toml ["), env={})
+    with pytest.raises(ConfigError, match=r"CONFIG_FILE .*missing\.toml"):
+        load(tmp_path / "missing.toml", env={})
+
+
+def test_errors_are_value_errors_for_callers_that_catch_those() -> None:
+    with pytest.raises(ValueError, match="ON_POISON"):
+        Settings(on_poison="drop")
+
+
+@pytest.mark.parametrize("raw", ["1500.7", "true"])
+def test_a_non_integer_in_the_file_is_rejected(tmp_path: Path, raw: str) -> None:
+    with pytest.raises(ConfigError, match="COMMIT_INTERVAL_MS"):
+        load(write(tmp_path, f"commit_interval_ms = {raw}\n"), env={})
+
+
+def test_a_negative_backoff_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="PROCESSING_BACKOFF_MS"):
+        load(env={"PIPELINE_PROCESSING_BACKOFF_MS": "-1"})
+
+
+# -- secrets ---------------------------------------------------------------------------------------------------------
+def test_redacted_kafka_hides_secrets_and_keeps_the_rest() -> None:
+    s = load(
+        env={
+            "PIPELINE_KAFKA_SASL_PASSWORD": "hunter2",
+            "PIPELINE_KAFKA_SSL_KEY_PASSWORD": "s3cret",
+            "PIPELINE_KAFKA_SASL_USERNAME": "alice",
+            "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        }
+    )
+    redacted = s.redacted_kafka()
+    assert redacted == {
+        "sasl.password": "***",
+        "ssl.key.password": "***",
+        "sasl.username": "alice",
+        "security.protocol": "SASL_SSL",
+    }
+    assert "hunter2" not in repr(redacted) and "s3cret" not in repr(redacted)
+    assert s.kafka["sasl.password"] == "hunter2"  # the clients still get the real value
