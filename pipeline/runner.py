@@ -78,6 +78,7 @@ class Runner:
         self.consumer: Consumer | None = None
         self.ctx: TaskContext | None = None
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
+        self._next_gauge_update = 0.0
 
     # -- clients -----------------------------------------------------------------------------------------------------
     def _client_config(self) -> dict:
@@ -186,7 +187,20 @@ class Runner:
         self._commit_due()
         self._advance_restores()
         self._retry_rewinds_and_drops()
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        now = time.monotonic()
+        if now < self._next_gauge_update:
+            return
+        self._next_gauge_update = now + 1.0
         self.metrics.ready.set(1 if self.is_ready() else 0)
+        for p, task in self.tasks.items():
+            if task.phase is Phase.RUNNING and task.next_offset is not None:
+                # Cached from fetch responses: no request to the broker.
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                if high >= 0:
+                    self.metrics.lag.labels(str(p)).set(max(0, high - task.next_offset))
 
     def _dispatch(self, messages: list[Message]) -> None:
         by_partition: dict[int, list[Message]] = defaultdict(list)
@@ -300,7 +314,7 @@ class Runner:
         s = self.settings
         self.restores[task.partition] = ChangelogRestore(
             self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
-            task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s,
+            task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s, strict=s.exactly_once,
         )
 
     def _advance_restores(self) -> None:
