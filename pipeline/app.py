@@ -8,7 +8,7 @@ iterable of `Output`s. The runner makes every call atomic: if `process` raises, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pipeline.serde import JSON, STRING, Serde
@@ -41,6 +41,8 @@ class Output:
 
 
 Process = Callable[[State, Record], Iterable[Output]]
+# (record count, partitions, seed) -> (partition, key bytes, value bytes): sample input for `pipeline chaos`.
+Generate = Callable[[int, int, int], Iterable[tuple[int, bytes, bytes]]]
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,7 @@ class App:
     output_value_serde: Serde = JSON
     state_serde: Serde = JSON
     stateful: bool = True
-    description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    generate: Generate | None = None
 
     def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
         """A copy reading/writing other topics (tests and the chaos runner use it)."""

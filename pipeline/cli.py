@@ -13,10 +13,12 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["verify"]:
-        from pipeline.checker import main as verify_main
+    delegated = {"verify": "pipeline.checker", "bench": "pipeline.bench", "chaos": "pipeline.chaos"}
+    if argv[:1] and argv[0] in delegated:  # commands with their own argument parsers
+        import importlib
 
-        return verify_main(argv[1:])
+        logging.basicConfig(level="WARNING", format=LOG_FORMAT)
+        return importlib.import_module(delegated[argv[0]]).main(argv[1:])
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     try:
@@ -42,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(command=_run)
 
     commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
+    commands.add_parser("chaos", help="fault runs against your service: pipeline chaos MODULE:ATTR --help")
+    commands.add_parser("bench", help="throughput: raw loop vs at_least_once vs exactly_once")
 
     topics = commands.add_parser("topics", help="create input/output topics: NAME:PARTITIONS ...")
     topics.add_argument("action", choices=["create"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.app import App, Output, Record, State
+from pipeline.examples.inputs import copier_records
 from pipeline.serde import BYTES
 
 
@@ -22,4 +23,5 @@ app = App(
     output_key_serde=BYTES,
     output_value_serde=BYTES,
     stateful=False,
+    generate=lambda n, partitions, seed: copier_records(n, partitions=partitions, seed=seed),
 )

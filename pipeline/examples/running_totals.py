@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.app import App, Output, Record, State
+from pipeline.examples.inputs import running_totals_records
 
 
 def process(state: State, record: Record) -> Iterable[Output]:
@@ -26,4 +27,5 @@ app = App(
     input_topic="totals-input",
     output_topic="totals-output",
     process=process,
+    generate=lambda n, partitions, seed: running_totals_records(n, partitions=partitions, seed=seed),
 )

@@ -25,13 +25,13 @@ def totals_input(n: int, seed: int = 0, poison_every: int = 0) -> list:
 def test_happy_path_two_instances(fault_run, app_spec):
     run = fault_run(app_spec)
     records = (
-        inputs.copier_records(20_000, partitions=PARTITIONS) if app_spec == COPIER else totals_input(20_000)
+        list(inputs.copier_records(20_000, partitions=PARTITIONS)) if app_spec == COPIER else totals_input(20_000)
     )
     run.feed(records, seconds=2)
     run.start(2)
-    verdict = run.finish()
-    assert_exactly_once(verdict, run)
-    assert verdict.outputs == 20_000
+    outcome = run.finish()
+    assert_exactly_once(outcome)
+    assert outcome.verdict.outputs == 20_000
 
 
 def test_sigkill_at_random_moments(fault_run):
@@ -46,10 +46,10 @@ def test_sigkill_at_random_moments(fault_run):
         victim.kill()
         kills += 1
         fleet.start(1)
-    verdict = run.finish()
+    outcome = run.finish()
     assert kills == 4
-    assert_exactly_once(verdict, run)
-    assert verdict.outputs == 30_000
+    assert_exactly_once(outcome)
+    assert outcome.verdict.outputs == 30_000
 
 
 def test_sigterm_commits_or_aborts_and_exits_cleanly(fault_run):
@@ -61,9 +61,9 @@ def test_sigterm_commits_or_aborts_and_exits_cleanly(fault_run):
         time.sleep(1.5)
         exit_codes.append(fleet.alive[0].terminate(timeout_s=30))
         fleet.start(1)
-    verdict = run.finish()
+    outcome = run.finish()
     assert exit_codes == [0, 0, 0], fleet.logs()
-    assert_exactly_once(verdict, run)
+    assert_exactly_once(outcome)
 
 
 def test_zombie_paused_past_session_timeout_commits_nothing(fault_run):
@@ -80,10 +80,10 @@ def test_zombie_paused_past_session_timeout_commits_nothing(fault_run):
     time.sleep(3)  # the zombie wakes up with an open transaction it can no longer commit
     assert zombie.alive, "the zombie should rejoin, not crash:\n" + zombie.log_tail()
     assert "lost [" in zombie.log_path.read_text(), "the zombie never noticed it lost its partitions"
-    verdict = run.finish()
+    outcome = run.finish()
     assert sorted(p for parts in taken_over.values() for p in parts) == [0, 1, 2]
     assert zombie.name not in taken_over
-    assert_exactly_once(verdict, run)
+    assert_exactly_once(outcome)
 
 
 def _both_own_partitions(run) -> dict[str, list[int]] | None:
@@ -100,26 +100,26 @@ def test_scale_out_and_in_while_running(fault_run):
     time.sleep(4)
     for instance in fleet.alive[1:]:  # 3 -> 1
         assert instance.terminate(timeout_s=30) == 0
-    verdict = run.finish()
-    assert_exactly_once(verdict, run)
+    outcome = run.finish()
+    assert_exactly_once(outcome)
 
 
 def test_poison_records_go_to_the_dead_letter_topic(fault_run):
     run = fault_run(processing_backoff_ms=5)
     run.feed(totals_input(10_000, seed=5, poison_every=250), seconds=2)
     run.start(2)
-    verdict = run.finish()
-    assert_exactly_once(verdict, run)
-    assert verdict.dead_letters == 10_000 // 250
-    assert verdict.outputs == 10_000 - 10_000 // 250
+    outcome = run.finish()
+    assert_exactly_once(outcome)
+    assert outcome.verdict.dead_letters == 10_000 // 250
+    assert outcome.verdict.outputs == 10_000 - 10_000 // 250
 
 
 def test_injected_aborts_rewind_without_loss_or_duplicates(fault_run):
     run = fault_run(test_abort_every=3)
     run.feed(totals_input(15_000, seed=6), seconds=4)
     fleet = run.start(2)
-    verdict = run.finish()
-    assert_exactly_once(verdict, run)
+    outcome = run.finish()
+    assert_exactly_once(outcome)
     logs = "\n".join(i.log_path.read_text() for i in fleet.instances)
     assert "injected abort" in logs
 

@@ -1,0 +1,303 @@
+"""`pipeline chaos MODULE:ATTR`: the fencing and crash tests, run against your own service.
+
+For each fault kind, one run on fresh topics: seed input (your App's `generate`, or records replayed from a
+topic), start N instances, feed the input over time while the fault is injected on a seeded schedule, wait until
+the group has caught up, stop everything, and ask the checker. One row per fault kind, with the checker's counts.
+A run that does not converge in time says so, with the partitions that stayed behind.
+
+Process faults need only a broker. Broker faults (`broker-kill`, `broker-pause`) need the local 3-node cluster
+(`deploy/local/kafka.sh --cluster start`), because something must be able to kill and pause a broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from pipeline import checker
+from pipeline.app import App
+from pipeline.examples import inputs
+from pipeline.harness import FAST_FAILOVER, Fleet, Instance, wait_caught_up
+from pipeline.loading import load_app
+
+ProducedRecord = tuple[int, bytes, bytes]
+KAFKA_SH = Path(__file__).resolve().parent.parent / "deploy" / "local" / "kafka.sh"
+SESSION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_SESSION_TIMEOUT_MS"]) / 1000
+TRANSACTION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_TRANSACTION_TIMEOUT_MS"]) / 1000
+
+
+# -- one fault run ----------------------------------------------------------------------------------------------------
+@dataclass
+class FaultRun:
+    """Fresh topics and app id, paced input, a fleet of instances, and the checker at the end."""
+
+    app: App
+    app_spec: str
+    bootstrap: str
+    partitions: int
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    replication: int = 1
+    fleet: Fleet | None = None
+    observer: checker.Observer | None = None
+    _feeder: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.app_id, self.input_topic, self.output_topic = f"chaos-{suffix}", f"in-{suffix}", f"out-{suffix}"
+        inputs.create_topics(self.bootstrap, {self.input_topic: self.partitions, self.output_topic: self.partitions},
+                             replication=self.replication)
+
+    def start(self, instances: int) -> Fleet:
+        env = {"PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic,
+               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **self.env}
+        self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id)
+        self.fleet.start(instances)
+        self.observer = checker.observe(self.bootstrap, self.output_topic)
+        return self.fleet
+
+    def feed(self, records: Sequence[ProducedRecord], seconds: float) -> None:
+        """Produces the records spread evenly over `seconds`, in the background."""
+        self._feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, self.input_topic, records,
+                                                                    seconds), daemon=True)
+        self._feeder.start()
+
+    def finish(self, timeout_s: float = 120) -> Outcome:
+        if self._feeder:
+            self._feeder.join(timeout_s)
+        lag = wait_caught_up(self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s)
+        self.fleet.stop_all()
+        observed = self.observer.stop()
+        if lag:
+            return Outcome(None, lag, [], self.fleet.logs())
+        verdict = checker.verify(self.app, self.bootstrap, input_topic=self.input_topic,
+                                 output_topic=self.output_topic, dead_letter_topic=f"{self.app_id}-dlq",
+                                 changelog_topic=f"{self.app_id}-changelog", group_id=self.app_id, timeout_s=60)
+        phantoms = checker.observer_subset_of_final(observed, verdict)
+        return Outcome(verdict, {}, phantoms, self.fleet.logs())
+
+    def abandon(self) -> None:
+        if self.fleet:
+            self.fleet.stop_all(timeout_s=20)
+        if self.observer:
+            self.observer.stop()
+
+
+@dataclass
+class Outcome:
+    verdict: checker.Verdict | None  # None: did not converge
+    stuck: dict[int, int]  # input partition -> records not committed when the wait ended
+    phantoms: list  # records a concurrent read_committed reader saw that the final drain lacks
+    logs: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok and not self.phantoms
+
+
+def produce_paced(bootstrap: str, topic: str, records: Sequence[ProducedRecord], seconds: float) -> None:
+    producer = Producer(inputs.producer_config(bootstrap) | {"linger.ms": 5})
+    steps = max(1, int(seconds * 10))
+    per_step = len(records) // steps + 1
+    started = time.monotonic()
+    for step, first in enumerate(range(0, len(records), per_step), start=1):
+        for partition, key, value in records[first : first + per_step]:
+            producer.produce(topic, value, key, partition=partition)
+        producer.poll(0)
+        time.sleep(max(0.0, started + step * seconds / steps - time.monotonic()))
+    if producer.flush(60):
+        raise RuntimeError(f"{topic}: input not fully acknowledged")
+
+
+# -- faults -----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fault:
+    """One kind of fault: how often it strikes in a run and what it does to the fleet (or the cluster)."""
+
+    name: str
+    description: str
+    inject: Callable[[Fleet, random.Random], None]
+    needs_cluster: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def _victim(fleet: Fleet, rng: random.Random) -> Instance:
+    return rng.choice(fleet.alive)
+
+
+def _sigkill(fleet: Fleet, rng: random.Random) -> None:
+    _victim(fleet, rng).kill()
+    fleet.start(1)
+
+
+def _sigterm(fleet: Fleet, rng: random.Random) -> None:
+    exit_code = _victim(fleet, rng).terminate(timeout_s=60)
+    if exit_code != 0:
+        raise AssertionError(f"SIGTERM: exit code {exit_code}, expected a clean exit")
+    fleet.start(1)
+
+
+def _pause(seconds: float) -> Callable[[Fleet, random.Random], None]:
+    def inject(fleet: Fleet, rng: random.Random) -> None:
+        zombie = _victim(fleet, rng)
+        zombie.pause()
+        time.sleep(seconds)
+        zombie.resume()
+
+    return inject
+
+
+def _scale(fleet: Fleet, rng: random.Random) -> None:
+    fleet.start(2)
+    time.sleep(rng.uniform(1, 3))
+    for instance in fleet.alive[:2]:  # the oldest: their partitions must move
+        instance.terminate(timeout_s=60)
+
+
+def _nothing(fleet: Fleet, rng: random.Random) -> None:
+    pass
+
+
+def _kafka_sh(*args: str) -> None:
+    subprocess.run([str(KAFKA_SH), "--cluster", *args], check=True, capture_output=True, timeout=180)
+
+
+def _broker_kill(fleet: Fleet, rng: random.Random) -> None:
+    node = rng.choice([1, 2, 3])
+    _kafka_sh("kill", str(node))
+    time.sleep(rng.uniform(2, 5))
+    _kafka_sh("restart", str(node))
+
+
+def _broker_pause(fleet: Fleet, rng: random.Random) -> None:
+    node = rng.choice([1, 2, 3])
+    _kafka_sh("pause", str(node))
+    time.sleep(rng.uniform(3, 8))
+    _kafka_sh("resume", str(node))
+
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("none", "no fault (baseline)", _nothing),
+    Fault("sigkill", "SIGKILL an instance, start a new one", _sigkill),
+    Fault("sigterm", "SIGTERM an instance (must exit 0), start a new one", _sigterm),
+    Fault("pause-short", "SIGSTOP below the session time-out, then SIGCONT", _pause(SESSION_TIMEOUT_S / 2)),
+    Fault("zombie", "SIGSTOP past the session time-out, below the transaction time-out",
+          _pause((SESSION_TIMEOUT_S + TRANSACTION_TIMEOUT_S) / 2)),
+    Fault("zombie-long", "SIGSTOP past the transaction time-out", _pause(TRANSACTION_TIMEOUT_S + 3)),
+    Fault("scale", "scale out by 2, then back in", _scale),
+    Fault("aborts", "the instances abort every 3rd transaction", _nothing,
+          env=(("PIPELINE_TEST_ABORT_EVERY", "3"),)),
+    Fault("broker-kill", "SIGKILL a broker of the 3-node cluster, restart it", _broker_kill, needs_cluster=True),
+    Fault("broker-pause", "SIGSTOP a broker of the 3-node cluster, SIGCONT it", _broker_pause, needs_cluster=True),
+)}
+PROCESS_FAULTS = [name for name, f in FAULTS.items() if not f.needs_cluster]
+
+
+# -- a whole chaos session --------------------------------------------------------------------------------------------
+@dataclass
+class Profile:
+    records: int = 20_000
+    partitions: int = 3
+    instances: int = 2
+    rounds: int = 2
+    seconds: float = 12.0  # input is fed over this long; faults strike inside it
+
+
+def run_fault(fault: Fault, app: App, app_spec: str, bootstrap: str, profile: Profile, seed: int,
+              records: Sequence[ProducedRecord], log_dir: Path, replication: int = 1) -> Outcome:
+    rng = random.Random(f"{seed}-{fault.name}")
+    run = FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir, dict(fault.env), replication)
+    try:
+        run.feed(records, profile.seconds)
+        fleet = run.start(profile.instances)
+        started = time.monotonic()
+        for moment in sorted(rng.uniform(1, profile.seconds) for _ in range(profile.rounds)):
+            time.sleep(max(0.0, started + moment - time.monotonic()))
+            fault.inject(fleet, rng)
+        return run.finish()
+    finally:
+        run.abandon()
+
+
+def seed_records(app: App, profile: Profile, seed: int, replay: Iterable[ProducedRecord] | None) -> list:
+    if replay is not None:
+        return list(replay)
+    if app.generate is None:
+        raise SystemExit(f"{app.name}: the App has no `generate`; pass --replay-topic to reuse real input")
+    return list(app.generate(profile.records, profile.partitions, seed))
+
+
+def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
+    header = f"{'fault':<13} {'verdict':<8} {'in':>7} {'out':>7} {'dup':>4} {'lost':>4} {'order':>5} " \
+             f"{'state':>5} {'dlq':>5} {'secs':>5}  what"
+    lines = [header, "-" * len(header)]
+    for fault, outcome, seconds in rows:
+        v = outcome.verdict
+        if v is None:
+            lines.append(f"{fault.name:<13} {'STUCK':<8} lag per partition {outcome.stuck}")
+            continue
+        verdict = "OK" if outcome.ok else "FAIL"
+        lines.append(
+            f"{fault.name:<13} {verdict:<8} {v.inputs:>7} {v.outputs:>7} {v.duplicates.count:>4} "
+            f"{v.losses.count:>4} {v.order.count:>5} {v.state.count:>5} {v.dead_letters:>5} {seconds:>5.0f}  "
+            f"{fault.description}" + (f"; {len(outcome.phantoms)} phantom reads" if outcome.phantoms else "")
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline chaos", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("app", help="MODULE:ATTR of your App")
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--faults", default=",".join(PROCESS_FAULTS),
+                        help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run against the local 3-node cluster and add the broker faults")
+    parser.add_argument("--profile", choices=["ci", "long"], default="ci")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--log-dir", default=".run/chaos")
+    parser.add_argument("--json", action="store_true", help="also print the verdicts as JSON")
+    args = parser.parse_args(argv)
+
+    profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
+    names = args.faults.split(",") + (["broker-kill", "broker-pause"] if args.cluster else [])
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        parser.error(f"unknown faults {unknown}")
+    bootstrap, replication = args.bootstrap_servers, 1
+    if args.cluster:
+        subprocess.run([str(KAFKA_SH), "--cluster", "start"], check=True)
+        bootstrap = subprocess.run([str(KAFKA_SH), "--cluster", "bootstrap"], check=True, capture_output=True,
+                                   text=True).stdout.strip()
+        replication = 3
+    elif any(FAULTS[n].needs_cluster for n in names):
+        parser.error("broker faults need --cluster")
+
+    app = load_app(args.app)
+    records = seed_records(app, profile, args.seed, None)
+    rows = []
+    for name in dict.fromkeys(names):
+        started = time.monotonic()
+        print(f"[chaos] {name}: {FAULTS[name].description} ...", flush=True)
+        outcome = run_fault(FAULTS[name], app, args.app, bootstrap, profile, args.seed, records,
+                            Path(args.log_dir), replication)
+        rows.append((FAULTS[name], outcome, time.monotonic() - started))
+        if not outcome.ok:
+            print(outcome.logs[-4000:], file=sys.stderr)
+    print(report(rows))
+    if args.json:
+        print(json.dumps([{"fault": f.name, "ok": o.ok, "stuck": o.stuck,
+                           "verdict": o.verdict.as_dict() if o.verdict else None} for f, o, _ in rows]))
+    return 0 if all(o.ok for _, o, _ in rows) else 1
