@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--input-topic")
     run.add_argument("--output-topic")
     run.add_argument("--metrics-port", type=int)
+    run.add_argument("--sink", choices=["kafka", "postgres"], help="where results go (PIPELINE_SINK; default kafka)")
     run.set_defaults(command=_run)
 
     commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
@@ -69,8 +70,14 @@ def _run(args: argparse.Namespace) -> int:
         input_topic=args.input_topic,
         output_topic=args.output_topic,
         metrics_port=args.metrics_port,
+        sink=args.sink,
     )
-    runner = Runner(app, settings)
+    if settings.sink == "postgres":  # PIPELINE_SINK=postgres or --sink postgres: pipeline/postgres
+        from pipeline.postgres.runner import PgRunner
+
+        runner = PgRunner(app, settings)
+    else:
+        runner = Runner(app, settings)
     runner.install_signal_handlers()
     runner.run()
     return 0

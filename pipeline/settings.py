@@ -52,6 +52,12 @@ class Settings:
     metrics_port: int = 0  # 0: no HTTP endpoint
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
     test_abort_every: int = 0  # testing only: abort every k-th transaction of each partition (0: never)
+    sink: str = "kafka"  # or "postgres": results and offsets in one database transaction (pipeline/postgres)
+    postgres_dsn: str = ""  # libpq URI or key=value string; required with SINK=postgres
+    postgres_schema: str = "public"  # where the sink's tables live (created or migrated on start-up)
+    postgres_pool_size: int = 4  # connections per process (one per partition committing at the same time)
+    postgres_retry_backoff_max_ms: int = 5_000  # back-off cap while PostgreSQL is unreachable
+    postgres_idle_in_transaction_timeout_ms: int = 5_000  # the server ends a writer paused mid-transaction
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +105,20 @@ def validate(s: Settings) -> None:
         f"MAX_POLL_INTERVAL_MS={s.max_poll_interval_ms} is too short for RESTORE_STEP_MS + REQUEST_TIMEOUT_MS + "
         "processing retries: the group would evict this member while it works",
     )
+    require(s.sink in ("kafka", "postgres"), f"SINK must be kafka or postgres, not {s.sink!r}")
+    if s.sink == "postgres":
+        require(bool(s.postgres_dsn), "POSTGRES_DSN is empty: SINK=postgres needs a connection string")
+        require(bool(s.postgres_schema), "POSTGRES_SCHEMA is empty")
+        require(s.exactly_once, "SINK=postgres is exactly-once by construction: PROCESSING_GUARANTEE must be "
+                f"{EXACTLY_ONCE}, not {s.processing_guarantee!r}")
+        for name in ("postgres_pool_size", "postgres_retry_backoff_max_ms", "postgres_idle_in_transaction_timeout_ms"):
+            require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+        require(
+            s.postgres_idle_in_transaction_timeout_ms < s.request_timeout_ms,
+            f"POSTGRES_IDLE_IN_TRANSACTION_TIMEOUT_MS={s.postgres_idle_in_transaction_timeout_ms} must be below "
+            f"REQUEST_TIMEOUT_MS={s.request_timeout_ms} (the lock timeout): a new owner's fence waits for a paused "
+            "writer's session to be ended",
+        )
     require(
         s.transaction_timeout_ms <= 900_000,
         f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",

@@ -1,0 +1,370 @@
+"""The runner of the PostgreSQL sink: one consumer per process, one PgWorker per owned input partition.
+
+Lifecycle of partition p in this process:
+    assigned  -> take over: fence (bump epoch) -> restore offset + state -> assign at that offset     [RUNNING]
+                 (database unusable: assigned paused, taken over later with back-off)                 [PENDING]
+    running   -> records processed in memory, one database transaction per batch (interval / size)
+    failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch
+                 check failed (fenced): the worker is thrown away, p paused, taken over again after a
+                 back-off (bounded, doubling) if the group still gives p to this process              [PENDING]
+    revoked   -> the open batch is committed, the worker closed
+    lost      -> the open batch is committed only if the epoch is still ours (the database decides, not the group
+                 membership: if nobody fenced p yet, nothing was taken over and committing is correct)
+    poison    -> on_poison=stop: what came before is committed, p stays paused                         [STOPPED]
+
+Kafka's committed group offsets are written after each database commit (asynchronously) for lag monitoring only;
+they are never read. The offsets table is the source of truth.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg_pool
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client import Counter
+
+from pipeline.app import App
+from pipeline.metrics import HealthServer, Metrics
+from pipeline.postgres.schema import connect_checked, connection_kwargs, describe_dsn, ensure_schema
+from pipeline.postgres.sink import sink_of
+from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
+from pipeline.settings import ConfigError, Settings
+from pipeline.task import PoisonRecordStop
+from pipeline.topics import partition_counts
+
+log = logging.getLogger(__name__)
+REFENCE_AFTER_S = 2.0  # after our epoch check failed: take p over again only if the group still gives it to us
+FIRST_BACKOFF_S = 0.1
+
+
+class Phase(enum.Enum):
+    PENDING = "pending"  # to be taken over (fence + restore + seek); p paused
+    RUNNING = "running"
+    STOPPED = "stopped"  # a poison record with on_poison=stop
+
+
+class FatalRunnerError(RuntimeError):
+    pass
+
+
+def consumer_config(settings: Settings, app_id: str) -> dict:
+    """The Kafka runner's consumer conventions (read_committed, no auto-commit, cooperative-sticky, time-outs)."""
+    s = settings
+    config = {
+        "bootstrap.servers": s.bootstrap_servers,
+        **s.kafka,
+        "group.id": app_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "session.timeout.ms": s.session_timeout_ms,
+        "heartbeat.interval.ms": s.heartbeat_interval_ms,
+        "max.poll.interval.ms": s.max_poll_interval_ms,
+        "fetch.wait.max.ms": 50,
+    }
+    if s.group_instance_id:
+        config["group.instance.id"] = s.group_instance_id
+    return config
+
+
+class PgRunner:
+    def __init__(self, app: App, settings: Settings) -> None:
+        if settings.sink != "postgres":
+            raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
+        self.app = app
+        self.settings = settings
+        self.app_id = settings.app_id or app.name
+        self.input_topic = settings.input_topic or app.input_topic
+        self.sink = sink_of(app)
+        self.metrics = Metrics()
+        self.db_errors = Counter("pipeline_postgres_errors", "Failed database steps (take-over or batch)",
+                                 ["partition"], registry=self.metrics.registry)
+        self.workers: dict[int, PgWorker] = {}
+        self.phases: dict[int, Phase] = {}
+        self._retry_at: dict[int, float] = {}
+        self._backoff: dict[int, float] = {}
+        self._seek_to: dict[int, int] = {}  # taken over while assigned: seek there, then resume
+        self._stop = threading.Event()
+        self._timeout_s = settings.request_timeout_ms / 1000
+        self._next_gauge_update = 0.0
+        self.consumer: Consumer | None = None
+        self.pool: psycopg_pool.ConnectionPool | None = None
+        self.ctx: WorkerContext | None = None
+        self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Checks the input topic and the database (schema created or migrated), opens the pool and the consumer."""
+        if self.consumer is not None:
+            return
+        s = self.settings
+        admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
+        if self.input_topic not in partition_counts(admin, self._timeout_s):
+            raise ConfigError(f"INPUT_TOPIC: topic {self.input_topic!r} does not exist "
+                              "(create it: pipeline topics create ...)")
+        client_id = s.kafka.get("client.id", "")
+        owner = f"{socket.gethostname()}:{os.getpid()}" + (f":{client_id}" if client_id else "")
+        kwargs = connection_kwargs(s, f"pipeline {self.app_id} {owner}")
+        with connect_checked(s.postgres_dsn, {**kwargs, "autocommit": True}, 3 * self._timeout_s) as conn:
+            version = ensure_schema(conn, s.postgres_schema, self.sink.tables)
+        self.pool = psycopg_pool.ConnectionPool(
+            s.postgres_dsn, min_size=1, max_size=s.postgres_pool_size, kwargs={**kwargs, "autocommit": True},
+            check=psycopg_pool.ConnectionPool.check_connection, name=f"pipeline-{self.app_id}", open=False,
+        )
+        self.pool.open(wait=False)
+        self.ctx = WorkerContext(self.app, s, self.app_id, self.input_topic, self.pool, self.sink, self.metrics,
+                                 owner, pool_wait_s=min(5.0, self._timeout_s))
+        self.consumer = Consumer(consumer_config(s, self.app_id))
+        log.info("%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)", self.app_id, self.app.name,
+                 self.input_topic, describe_dsn(s.postgres_dsn), s.postgres_schema, version)
+
+    def run(self) -> None:
+        s = self.settings
+        self.open()
+        health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
+        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        try:
+            while not self._stop.is_set():
+                self._loop_once()
+        finally:
+            self._shutdown()
+            self._threads.shutdown()
+            if health:
+                health.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def is_ready(self) -> bool:
+        return all(phase is Phase.RUNNING for phase in self.phases.values())
+
+    def _shutdown(self) -> None:
+        for p in list(self.workers):
+            self._close(p, commit=True)
+        if self.consumer is not None:
+            self.consumer.close()
+        if self.pool is not None:
+            self.pool.close(timeout=self._timeout_s)
+        log.info("%s: stopped", self.app_id)
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+    def _loop_once(self) -> None:
+        busy = bool(self._seek_to) or any(phase is Phase.PENDING for phase in self.phases.values())
+        messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
+        self._dispatch(messages)
+        self._commit_due()
+        self._retry_pending()
+        self._retry_seeks()
+        self._update_gauges()
+
+    def _dispatch(self, messages: list[Message]) -> None:
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        for m in messages:
+            if m.error():
+                if m.error().fatal():
+                    raise FatalRunnerError(f"consumer: {m.error()}")
+                log.warning("consumer: %s", m.error())
+                continue
+            by_partition[m.partition()].append(m)
+        for p, batch in by_partition.items():
+            if self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
+                try:
+                    self.workers[p].process(batch)
+                except PoisonRecordStop as e:
+                    self._stop_partition(p, e)
+
+    def _commit_due(self) -> None:
+        now = time.monotonic()
+        due = [p for p, w in self.workers.items() if self.phases[p] is Phase.RUNNING and w.commit_due(now)]
+        # In parallel: one connection per partition; psycopg waits on the network without the GIL.
+        results = [self._try_commit(due[0])] if len(due) == 1 else list(self._threads.map(self._try_commit, due))
+        for p, error in zip(due, results, strict=True):
+            if error is not None:
+                self._failed(p, error)
+
+    def _try_commit(self, p: int) -> Exception | None:
+        worker = self.workers[p]
+        try:
+            worker.commit()
+        except (Fenced, WriteFailed) as e:
+            return e
+        self._backoff.pop(p, None)
+        self._commit_group_offset(p, worker.committed_offset)
+        return None
+
+    def _commit_group_offset(self, p: int, offset: int | None) -> None:
+        """For lag monitoring only: never read back. Errors (e.g. a zombie's stale generation) are ignored."""
+        if offset is None:
+            return
+        try:
+            self.consumer.commit(offsets=[TopicPartition(self.input_topic, p, offset)], asynchronous=True)
+        except KafkaException as e:
+            log.debug("p%d: group offset not committed (monitoring only): %s", p, e)
+
+    def _failed(self, p: int, error: Exception) -> None:
+        """Nothing of the batch stayed. Throw the worker away; take p over again later (fence, restore, seek)."""
+        if isinstance(error, Fenced):
+            self.metrics.fenced.inc()
+            delay = REFENCE_AFTER_S
+            log.warning("p%d: fenced, batch rolled back: %s; taking p over again in %.1fs if still assigned",
+                        p, error, delay)
+        else:
+            self.db_errors.labels(str(p)).inc()
+            delay = self._next_backoff(p)
+            log.warning("p%d: PostgreSQL write failed, batch rolled back: %s; retrying in %.1fs", p, error, delay)
+        self._make_pending(p, delay)
+
+    def _next_backoff(self, p: int) -> float:
+        delay = self._backoff.get(p, FIRST_BACKOFF_S / 2) * 2
+        delay = min(delay, self.settings.postgres_retry_backoff_max_ms / 1000)
+        self._backoff[p] = delay
+        return delay
+
+    def _make_pending(self, p: int, delay: float) -> None:
+        self.workers[p] = PgWorker(self.ctx, p)  # in-memory state and pending rows of the failed one: gone
+        self.phases[p] = Phase.PENDING
+        self._seek_to.pop(p, None)
+        self._retry_at[p] = time.monotonic() + delay
+        self._pause(p)
+
+    def _stop_partition(self, p: int, error: PoisonRecordStop) -> None:
+        if (failure := self._try_commit(p)) is not None:  # what came before the poison record is good: keep it
+            self._failed(p, failure)
+            return
+        log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was "
+                  "committed.", p, self.workers[p].next_offset, error)
+        self.phases[p] = Phase.STOPPED
+        self._pause(p)
+
+    def _retry_pending(self) -> None:
+        now = time.monotonic()
+        due = [p for p, at in self._retry_at.items() if at <= now]
+        if not due:
+            return
+        assigned = {tp.partition for tp in self.consumer.assignment() if tp.topic == self.input_topic}
+        for p in due:
+            del self._retry_at[p]
+            if p not in assigned:
+                self._forget(p)
+        due = [p for p in due if p in assigned]
+        for p, result in zip(due, self._take_over_all(due), strict=True):
+            if isinstance(result, Exception):
+                self._failed(p, result)
+            else:
+                self._seek_to[p] = OFFSET_BEGINNING if result is None else result
+        self._retry_seeks()
+
+    def _retry_seeks(self) -> None:
+        for p, offset in list(self._seek_to.items()):
+            try:
+                self.consumer.seek(TopicPartition(self.input_topic, p, offset))
+            except KafkaException as e:
+                log.info("p%d: seek to %s not possible yet (%s); retrying", p, offset, e)
+                continue
+            del self._seek_to[p]
+            self.phases[p] = Phase.RUNNING
+            self.consumer.resume([TopicPartition(self.input_topic, p)])
+            log.info("p%d: taken over again at offset %s (epoch %s)", p, offset, self.workers[p].epoch)
+
+    def _update_gauges(self) -> None:
+        now = time.monotonic()
+        if now < self._next_gauge_update:
+            return
+        self._next_gauge_update = now + 1.0
+        self.metrics.ready.set(1 if self.is_ready() else 0)
+        for p, worker in self.workers.items():
+            if self.phases[p] is Phase.RUNNING and worker.next_offset is not None:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                if high >= 0:
+                    self.metrics.lag.labels(str(p)).set(max(0, high - worker.next_offset))
+
+    # -- assignment --------------------------------------------------------------------------------------------------
+    def _take_over_all(self, partitions: list[int]) -> list[int | Exception | None]:
+        """Fence + restore each partition (in parallel, each on its own connection): its offset, or the error."""
+        workers = [PgWorker(self.ctx, p) for p in partitions]
+        for worker in workers:
+            self.workers[worker.partition] = worker
+
+        def take_over(worker: PgWorker) -> int | Exception | None:
+            try:
+                return worker.take_over()
+            except (Fenced, WriteFailed) as e:
+                return e
+
+        return list(self._threads.map(take_over, workers))
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        ps = [tp.partition for tp in partitions]
+        if not ps:
+            return
+        results = self._take_over_all(ps)
+        assignment, failed = [], []
+        for p, result in zip(ps, results, strict=True):
+            if isinstance(result, Exception):
+                failed.append((p, result))
+                assignment.append(TopicPartition(self.input_topic, p, OFFSET_INVALID))
+            else:
+                self.phases[p] = Phase.RUNNING
+                assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
+        consumer.incremental_assign(assignment)
+        for p, error in failed:
+            self._failed(p, error)
+        self.metrics.assigned.set(len(self.workers))
+        log.info("assigned %s: offsets from the database %s, epochs %s", ps,
+                 {p: self.workers[p].committed_offset for p in ps if self.phases[p] is Phase.RUNNING},
+                 {p: self.workers[p].epoch for p in ps if self.phases[p] is Phase.RUNNING})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            log.info("revoked %s: committing what is open", [tp.partition for tp in partitions])
+        for tp in partitions:
+            self._close(tp.partition, commit=True)
+        self.metrics.assigned.set(len(self.workers))
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("lost %s (membership expired): committing what is open only if our epoch still holds",
+                    [tp.partition for tp in partitions])
+        self.metrics.lost.inc(len(partitions))
+        for tp in partitions:
+            self._close(tp.partition, commit=True)
+        self.metrics.assigned.set(len(self.workers))
+
+    def _close(self, p: int, commit: bool) -> None:
+        worker = self.workers.get(p)
+        if worker is not None and commit and self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
+            try:
+                worker.commit()
+            except (Fenced, WriteFailed) as e:
+                log.warning("p%d: not committed on close (%d records left to the next owner): %s", p,
+                            worker.pending, e)
+        self._forget(p)
+
+    def _forget(self, p: int) -> None:
+        self.workers.pop(p, None)
+        self.phases.pop(p, None)
+        self._retry_at.pop(p, None)
+        self._backoff.pop(p, None)
+        self._seek_to.pop(p, None)
+
+    def _pause(self, p: int) -> None:
+        try:
+            self.consumer.pause([TopicPartition(self.input_topic, p)])
+        except KafkaException as e:
+            log.info("p%d: pause: %s", p, e)

@@ -1,0 +1,283 @@
+"""worker(p) of the PostgreSQL sink: the exactly-once protocol for one input partition, top to bottom.
+
+    fence()     bump p's owner epoch in pipeline_offsets, in its own committed transaction. From then on every
+                write transaction of an older owner (a zombie) fails its epoch check and rolls back.
+    restore()   after the fence: p's next offset and state from the tables, in one REPEATABLE READ snapshot; the
+                runner seeks the consumer there. Kafka's group offsets are not read: the database is the truth.
+    process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O)
+    commit()    ONE transaction: advance p's offset row WHERE epoch = ours (0 rows: fenced -> roll back), write the
+                outputs through the sink, upsert/delete the changed state keys, insert the dead letters; commit.
+    after any failure: nothing of the batch stays (one transaction). The runner throws this worker away and takes
+                p over again later: fence again, restore offset and state from the tables, seek. That is also how a
+                commit whose outcome is unknown (connection lost during COMMIT) is resolved: the table says.
+
+State: kept in PostgreSQL (pipeline_state, written in the batch's transaction) and loaded into memory after the fence.
+The offsets row is updated first in the transaction, so it is locked until the commit: a new owner's fence waits
+for an in-flight batch to finish (then reads its result) or finds it rolled back, never half of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+import psycopg_pool
+from confluent_kafka import Message
+from psycopg import sql
+
+from pipeline.app import App, Output, Record
+from pipeline.deadletter import DeadLetter
+from pipeline.metrics import Metrics
+from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
+from pipeline.postgres.sink import OutputRow, TableSink, Target
+from pipeline.settings import Settings
+from pipeline.state import PartitionState
+from pipeline.task import PoisonRecordStop
+
+log = logging.getLogger(__name__)
+
+
+class Fenced(Exception):
+    """p's epoch is no longer this worker's: another owner fenced it. Nothing of the batch was kept."""
+
+
+class WriteFailed(Exception):
+    """A database step failed (server gone, connection lost, statement error). Nothing of the batch was kept, or
+    the outcome of the COMMIT is unknown; either way p is taken over again from what the tables say."""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    app: App
+    settings: Settings
+    app_id: str
+    input_topic: str
+    pool: psycopg_pool.ConnectionPool
+    sink: TableSink
+    metrics: Metrics
+    owner: str  # written to the offsets row: who holds the epoch (host, pid, client id)
+    pool_wait_s: float = 5.0
+
+    @property
+    def target(self) -> Target:
+        return Target(self.settings.postgres_schema, self.app, self.app_id, self.input_topic)
+
+    def table(self, name: str) -> sql.Identifier:
+        return sql.Identifier(self.settings.postgres_schema, name)
+
+
+class PgWorker:
+    def __init__(self, ctx: WorkerContext, partition: int) -> None:
+        self.ctx = ctx
+        self.partition = partition
+        self.label = str(partition)
+        self.state = PartitionState(ctx.app.state_serde)
+        self.epoch: int | None = None
+        self.committed_offset: int | None = None  # next input offset per the offsets row (None: nothing yet)
+        self.next_offset: int | None = None  # next input offset to process
+        self.restored_keys = 0
+        self._rows: list[OutputRow] = []
+        self._dead: list[DeadLetter] = []
+        self._batch_records = 0
+        self._batch_started = 0.0
+        offsets, state, dead = (ctx.table(t.name) for t in (OFFSETS, STATE, DEAD_LETTERS))
+        self._sql_fence = sql.SQL(
+            "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
+            "VALUES (%s, %s, %s, NULL, 1, %s) ON CONFLICT (app_id, topic, input_partition) "
+            "DO UPDATE SET epoch = o.epoch + 1, owner = EXCLUDED.owner, fenced_at = now() RETURNING epoch"
+        ).format(t=offsets)
+        self._sql_read_offset = sql.SQL(
+            "SELECT next_offset, epoch, owner FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s"
+        ).format(t=offsets)
+        self._sql_read_state = sql.SQL(
+            "SELECT key, value FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s"
+        ).format(t=state)
+        self._sql_advance = sql.SQL(
+            "UPDATE {t} SET next_offset = %s, committed_at = now() "
+            "WHERE app_id = %s AND topic = %s AND input_partition = %s AND epoch = %s"
+        ).format(t=offsets)
+        self._sql_upsert_state = sql.SQL(
+            "INSERT INTO {t} (app_id, topic, input_partition, key, value) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (app_id, topic, input_partition, key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t=state)
+        self._sql_delete_state = sql.SQL(
+            "DELETE FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s AND key = %s"
+        ).format(t=state)
+        self._sql_dead_letter = sql.SQL(
+            "INSERT INTO {t} (app_id, topic, input_partition, input_offset, key, value, error_type, error_message, "
+            "attempts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        ).format(t=dead)
+
+    @property
+    def _where(self) -> tuple[str, str, int]:
+        return (self.ctx.app_id, self.ctx.input_topic, self.partition)
+
+    # -- 1. fence, then 2. restore: what a new owner does before it reads a record of p ----------------------------
+    def take_over(self) -> int | None:
+        """Fences p and restores its offset and state; returns the offset to seek to (None: from the beginning).
+        Raises Fenced if yet another owner fenced p in between, WriteFailed if the database is not usable."""
+        started = time.monotonic()
+        try:
+            with self._connection() as conn:
+                self.epoch = self._fence(conn)
+                self._restore(conn)
+        except (Fenced, WriteFailed):
+            raise
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            raise WriteFailed(f"take-over: {type(e).__name__}: {_first_line(e)}") from e
+        self.next_offset = self.committed_offset
+        self.ctx.metrics.restore_seconds.labels(self.label).set(time.monotonic() - started)
+        self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)
+        return self.committed_offset
+
+    def _fence(self, conn: psycopg.Connection) -> int:
+        with conn.transaction():
+            return conn.execute(self._sql_fence, (*self._where, self.ctx.owner)).fetchone()[0]
+
+    def _restore(self, conn: psycopg.Connection) -> None:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            next_offset, epoch, owner = conn.execute(self._sql_read_offset, self._where).fetchone()
+            if epoch != self.epoch:
+                raise Fenced(f"p{self.partition}: fenced again right after our fence (epoch {epoch} of {owner}, "
+                             f"ours was {self.epoch})")
+            with conn.cursor() as cur:
+                cur.execute(self._sql_read_state, self._where)
+                self.state.load((key, bytes(value)) for key, value in cur)
+        self.committed_offset = next_offset
+        self.restored_keys = len(self.state)
+
+    # -- 3. process: in memory only ------------------------------------------------------------------------------------
+    def process(self, messages: list[Message]) -> None:
+        processed = 0
+        for msg in messages:
+            if self.next_offset is not None and msg.offset() < self.next_offset:
+                continue  # fetched before the seek to the restored offset took effect
+            if not self._batch_records:
+                self._batch_started = time.monotonic()
+            self._process_one(msg)
+            self.next_offset = msg.offset() + 1
+            self._batch_records += 1
+            processed += 1
+        self.ctx.metrics.records_in.labels(self.label).inc(processed)
+
+    def _process_one(self, msg: Message) -> None:
+        s = self.ctx.settings
+        for attempt in range(1, s.processing_max_attempts + 1):
+            self.state.begin_record()
+            try:
+                outputs = self._outputs(msg)
+            except Exception as error:  # decoding or user code: poison until proven otherwise
+                self.state.undo_record()
+                self.ctx.metrics.processing_errors.labels(self.label).inc()
+                if attempt == s.processing_max_attempts:
+                    self._give_up(msg, error, attempt)
+                    return
+                time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
+                continue
+            self._rows.extend(OutputRow(self.partition, msg.offset(), out) for out in outputs)
+            self.ctx.metrics.records_out.labels(self.label).inc(len(outputs))
+            return
+
+    def _outputs(self, msg: Message) -> list[Output]:
+        app = self.ctx.app
+        record = Record(
+            key=app.key_serde.deserialize(msg.key()),
+            value=app.value_serde.deserialize(msg.value()),
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            timestamp_ms=msg.timestamp()[1],
+            headers=tuple(msg.headers() or ()),
+        )
+        return list(app.process(self.state, record))
+
+    def _give_up(self, msg: Message, error: Exception, attempts: int) -> None:
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if self.ctx.settings.on_poison == "stop":
+            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
+        self._dead.append(DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                     type(error).__name__, str(error), attempts))
+        self.ctx.metrics.dead_letters.inc()
+        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
+
+    # -- 4. commit: one database transaction -----------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Records processed since the last commit."""
+        return self._batch_records
+
+    def commit_due(self, now: float) -> bool:
+        s = self.ctx.settings
+        return self._batch_records > 0 and (
+            now - self._batch_started >= s.commit_interval_ms / 1000 or self._batch_records >= s.commit_max_records
+        )
+
+    def commit(self) -> None:
+        """Writes the batch and advances p's offset in one transaction, or raises Fenced / WriteFailed with nothing
+        of it kept (then this worker must not be used again: the runner takes p over anew)."""
+        if not self._batch_records:
+            return
+        started = time.monotonic()
+        try:
+            with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+                self._advance_offset(cur)  # first: locks p's row until COMMIT, fails at once for a zombie
+                if self._rows:
+                    self.ctx.sink.write(cur, self.ctx.target, self._rows)
+                self._write_state(cur)
+                self._write_dead_letters(cur)
+        except Fenced:
+            self.ctx.metrics.transactions.labels(self.label, "fenced").inc()
+            raise
+        except Exception as e:  # server gone, COMMIT outcome unknown, or the sink's statement failed
+            self.ctx.metrics.transactions.labels(self.label, "failed").inc()
+            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
+        self.state.commit()
+        self.committed_offset = self.next_offset
+        self._rows, self._dead, self._batch_records = [], [], 0
+        self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
+        self.ctx.metrics.transactions.labels(self.label, "committed").inc()
+
+    def _advance_offset(self, cur: psycopg.Cursor) -> None:
+        """The epoch check: p's offset moves only if p's epoch is still ours. Tests replace this with a broken
+        version to show that the fence, not a constraint, keeps a zombie's duplicates out."""
+        cur.execute(self._sql_advance, (self.next_offset, *self._where, self.epoch))
+        if cur.rowcount != 1:
+            current = cur.execute(self._sql_read_offset, self._where).fetchone()
+            now = f"epoch {current[1]} of {current[2]}" if current else "no offsets row"
+            log.warning("p%d: epoch check failed: epoch %s is not ours any more (%s); rolling back %d records",
+                        self.partition, self.epoch, now, self._batch_records)
+            raise Fenced(f"p{self.partition}: epoch {self.epoch} fenced ({now})")
+
+    def _write_state(self, cur: psycopg.Cursor) -> None:
+        upserts, deletes = [], []
+        for key, value in self.state.changes():
+            if value is None:
+                deletes.append((*self._where, key))
+            else:
+                upserts.append((*self._where, key, value))
+        if upserts:
+            cur.executemany(self._sql_upsert_state, upserts)
+        if deletes:
+            cur.executemany(self._sql_delete_state, deletes)
+
+    def _write_dead_letters(self, cur: psycopg.Cursor) -> None:
+        if self._dead:
+            cur.executemany(self._sql_dead_letter, [
+                (*self._where[:2], d.partition, d.offset, d.key, d.value, d.error_type, d.error_message[:2000],
+                 d.attempts) for d in self._dead
+            ])
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        with self.ctx.pool.connection(timeout=self.ctx.pool_wait_s) as conn:
+            yield conn
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
