@@ -13,22 +13,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.support import docker_available
+
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
 
 pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]
 
 
-
-
-def docker_available() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=2).ping()
-        return True
-    except Exception:
-        return False
 
 
 def _kafka_sh(*args: str) -> str:

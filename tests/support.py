@@ -18,3 +18,14 @@ def eventually(probe: Callable[[], T], timeout_s: float = 20.0, interval_s: floa
             assert value, f"condition not met within {timeout_s}s (last value: {value!r})"
             return value
         time.sleep(interval_s)
+
+
+def docker_available() -> bool:
+    """True when a Docker engine answers (then testcontainers can start servers)."""
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False

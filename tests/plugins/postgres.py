@@ -13,18 +13,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.support import docker_available
+
 POSTGRES_SH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "postgres.sh"
 CONNECT_TIMEOUT_S = 10
-
-
-def _docker_engine_answers() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=2).ping()
-        return True
-    except Exception:
-        return False
 
 
 def _postgres_sh(*args: str) -> str:
@@ -40,7 +32,7 @@ def postgres_dsn() -> Iterator[str]:
     if dsn := os.environ.get("POSTGRES_DSN"):
         yield dsn
         return
-    if _docker_engine_answers():
+    if docker_available():
         from testcontainers.community.postgres import PostgresContainer
 
         with PostgresContainer("postgres:15", username="pipeline", password="pipeline", dbname="pipeline") as pg:
