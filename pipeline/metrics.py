@@ -38,6 +38,10 @@ class Metrics:
         self.restore_records = Counter(
             "pipeline_restore_records", "Changelog records read by restores", ["partition"], registry=r
         )
+        self.restore_snapshot_entries = Counter(
+            "pipeline_restore_snapshot_entries", "State entries taken from full snapshots by restores", ["partition"],
+            registry=r,
+        )
         self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r)
         self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r)
         self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r)

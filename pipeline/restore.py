@@ -1,9 +1,19 @@
-"""Restore of one partition's state from its changelog, in steps that never block the poll loop for long.
+"""Restore of one partition's state: latest complete full snapshot + the changelog since, in steps that never block
+the poll loop for long (rule 8).
 
-The changelog of p is read with read_committed from its start to the high watermark captured when the restore
-begins (after fencing, so no transaction of p's own transactional.id is pending). The last checkpoint read must
-name the group's committed offset of p: both were written by the same transactions, so any difference means
-something is missing, and p refuses to start rather than run on wrong state.
+    scan      the snapshot topic's partition p is scanned back from its end for manifests (snapshots/finder.py)
+    load      the newest manifest's chunks are read and verified; a corrupt or incomplete snapshot is skipped with a
+              warning and the next older one is tried; with none left, the changelog from offset 0 is the base
+    tail      the changelog of p is read with read_committed from the offset the snapshot covers up to the high
+              watermark captured when the restore began (after fencing, so no transaction of p's own is pending)
+    verify    the last checkpoint (from the tail, or the snapshot's input offset when the tail has none) must name
+              the group's committed offset of p: both come from the same transactions, so any difference means
+              something is missing, and p refuses to start rather than run on wrong state
+
+If the changelog no longer reaches back to the snapshot (retention, delete_records) p refuses to start with a
+RestoreError that says what is missing and how to repair it; it never starts from empty state silently. Records
+deleted under a running restore (the compaction job's retention) make it start over, a bounded number of times.
+`records` counts changelog records read, `snapshot_entries` the state entries taken from the snapshot.
 """
 
 from __future__ import annotations
@@ -18,9 +28,20 @@ from confluent_kafka.admin import AdminClient
 from pipeline.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
 from pipeline.offsets import TailReader, high_watermarks, low_watermarks
 from pipeline.state import PartitionState
+from snapshots.finder import (
+    CheckedConsumer,
+    ChunkLoad,
+    InvalidSnapshot,
+    ManifestScan,
+    OffsetsTruncated,
+    precheck,
+    snapshot_bounds,
+)
+from snapshots.format import Manifest
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 2.0
+MAX_RESTARTS = 3
 
 
 class RestoreError(RuntimeError):
@@ -39,48 +60,176 @@ class ChangelogRestore:
         timeout_s: float,
         request_timeout_s: float,
         strict: bool = True,
+        snapshot_topic: str | None = None,
     ) -> None:
         self.strict = strict  # at-least-once writes the checkpoint before committing offsets: it may run ahead
         self.topic = changelog_topic
+        self.snapshot_topic = snapshot_topic
         self.partition = partition
         self.state = state
         self.committed_offset = committed_offset
-        self.records = 0
+        self.records = 0  # changelog records read
+        self.snapshot_entries = 0  # state entries taken from the full snapshot
+        self.snapshot_records = 0  # records read from the snapshot topic (manifests scanned + chunks)
+        self.snapshot: Manifest | None = None
+        self.skipped: list[str] = []  # snapshots found invalid, with the reason
         self.last_checkpoint: Checkpoint | None = None
         self.started = time.monotonic()
+        self.phase = "scan"
+        self._admin = admin
+        self._request_timeout_s = request_timeout_s
         self._deadline = self.started + timeout_s
         self._next_progress = self.started + PROGRESS_EVERY_S
-        start = low_watermarks(admin, changelog_topic, [partition], request_timeout_s)[partition]
-        self.end = high_watermarks(admin, changelog_topic, [partition], request_timeout_s)[partition]
-        if start > 0:
-            raise RestoreError(
-                f"{changelog_topic}[{partition}] starts at offset {start}, not 0: changes were deleted (retention?) "
-                "and there is no full snapshot to start from. Repair: restore the changelog's retention.ms=-1 and "
-                "rebuild the state (reprocess the input into a new app id), or publish a full snapshot."
-            )
+        self._restarts = 0
         self._consumer = make_consumer()
-        self._reader = TailReader(self._consumer, changelog_topic, {partition: start}, {partition: self.end})
+        self._checked = CheckedConsumer(self._consumer)
+        self._begin()
 
+    # -- set-up --------------------------------------------------------------------------------------------------
+    def _begin(self) -> None:
+        p, timeout = self.partition, self._request_timeout_s
+        self.changelog_start = low_watermarks(self._admin, self.topic, [p], timeout)[p]
+        self.end = high_watermarks(self._admin, self.topic, [p], timeout)[p]
+        self._scan: ManifestScan | None = None
+        self._load: ChunkLoad | None = None
+        self._reader: TailReader | None = None
+        if self.snapshot_topic is not None:
+            low, end = snapshot_bounds(self._admin, self.snapshot_topic, [p], timeout)[p]
+            self._scan = ManifestScan(self._checked, self.snapshot_topic, p, low, end, self._skip_unreadable)
+            self.phase = "scan"
+        else:
+            self._start_tail(None)
+
+    def _restart(self, why: str) -> None:
+        self._restarts += 1
+        if self._restarts > MAX_RESTARTS:
+            raise RestoreError(f"p{self.partition}: records kept being deleted under the restore ({why}); gave up "
+                               f"after {MAX_RESTARTS} restarts. Is a compaction job deleting too eagerly?")
+        log.warning("p%d: %s; restarting the restore", self.partition, why)
+        self.records = self.snapshot_entries = 0
+        self.snapshot = None
+        self.last_checkpoint = None
+        self.state.load((key, None) for key in list(self.state))
+        self._begin()
+
+    # -- the steps -----------------------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self._reader.done
+        return self.phase == "done"
 
     def step(self, budget_s: float) -> bool:
-        """Reads for at most budget_s; True once p's state is complete and verified."""
+        """Works for at most about budget_s; True once p's state is complete and verified."""
         until = time.monotonic() + budget_s
-        while not self._reader.done and time.monotonic() < until:
-            self._apply(self._reader.step(timeout_s=min(0.05, budget_s)))
-        if time.monotonic() > self._next_progress:
-            self._next_progress += PROGRESS_EVERY_S
-            log.info("restoring p%d: %d records, position %d of %d", self.partition, self.records,
-                     self._reader.positions[self.partition], self.end)
-        if not self._reader.done:
+        try:
+            while self.phase != "done" and time.monotonic() < until:
+                remaining = max(0.001, until - time.monotonic())
+                if self.phase == "scan":
+                    self._step_scan(remaining)
+                elif self.phase == "load":
+                    self._step_load(remaining)
+                else:
+                    self._step_tail(remaining)
+        except OffsetsTruncated as e:
+            self._restart(str(e))
+            return False
+        self._progress()
+        if self.phase != "done":
             if time.monotonic() > self._deadline:
-                raise RestoreError(f"restore of p{self.partition} timed out: {self._reader.stuck()}")
+                raise RestoreError(f"restore of p{self.partition} timed out in phase {self.phase}: {self._stuck()}")
             return False
         self._verify_checkpoint()
         return True
 
+    def _step_scan(self, budget_s: float) -> None:
+        scan = self._scan
+        scan.step(budget_s)
+        self.snapshot_records = scan.records
+        found = scan.next_candidate()
+        if found is not None:
+            offset, manifest = found
+            try:
+                precheck(manifest, self.partition, self.topic, self.end)
+            except InvalidSnapshot as e:
+                self._invalid(offset, manifest, str(e))
+                return
+            if manifest.changelog_offset < self.changelog_start:
+                self._refuse_truncated(manifest)
+            self._load = ChunkLoad(self._checked, self.snapshot_topic, self.partition, offset, manifest)
+            self.phase = "load"
+        elif scan.exhausted:
+            self._start_tail(None)
+
+    def _step_load(self, budget_s: float) -> None:
+        load = self._load
+        load.step(budget_s)
+        if not load.done:
+            return
+        self.snapshot_records += load.records
+        try:
+            entries = load.finish()
+        except InvalidSnapshot as e:
+            self._load = None
+            self.phase = "scan"
+            self._invalid(load.manifest_offset, load.manifest, str(e))
+            return
+        self._load = None
+        self.state.load(entries.items())
+        self.snapshot_entries = len(entries)
+        self._start_tail(load.manifest)
+
+    def _start_tail(self, manifest: Manifest | None) -> None:
+        start = manifest.changelog_offset if manifest is not None else 0
+        if self.changelog_start > start:
+            self._refuse_truncated(manifest)
+        self.snapshot = manifest
+        if manifest is not None:
+            log.info("p%d: snapshot %s (generation %d, %d entries, covers changelog < %d and input < %s); "
+                     "changelog tail %d..%d", self.partition, manifest.snapshot_id, manifest.generation,
+                     manifest.entries, manifest.changelog_offset, manifest.input_offset, start, self.end)
+        elif self.skipped:
+            log.warning("p%d: no usable full snapshot (%s); restoring from the whole changelog",
+                        self.partition, "; ".join(self.skipped))
+        self._reader = TailReader(self._checked, self.topic, {self.partition: start}, {self.partition: self.end})
+        self.phase = "tail"
+
+    def _step_tail(self, budget_s: float) -> None:
+        until = time.monotonic() + budget_s
+        while not self._reader.done and time.monotonic() < until:
+            self._apply(self._reader.step(timeout_s=min(0.05, budget_s)))
+        if self._reader.done:
+            self.phase = "done"
+
+    # -- failures --------------------------------------------------------------------------------------------------
+    def _skip_unreadable(self, offset: int, why: str) -> None:
+        self.skipped.append(f"manifest at {self.snapshot_topic}[{self.partition}]@{offset}: {why}")
+        log.warning("p%d: ignoring the manifest at %s[%d]@%d: %s", self.partition, self.snapshot_topic,
+                    self.partition, offset, why)
+
+    def _invalid(self, offset: int, manifest: Manifest, why: str) -> None:
+        self.skipped.append(f"snapshot {manifest.snapshot_id} (generation {manifest.generation}): {why}")
+        log.warning("p%d: snapshot %s (generation %d, manifest at %s[%d]@%d) is not usable: %s; falling back to "
+                    "the previous one", self.partition, manifest.snapshot_id, manifest.generation,
+                    self.snapshot_topic, self.partition, offset, why)
+
+    def _refuse_truncated(self, manifest: Manifest | None) -> None:
+        topic, p, low = self.topic, self.partition, self.changelog_start
+        skipped = f" Snapshots found unusable: {'; '.join(self.skipped)}." if self.skipped else ""
+        if manifest is None:
+            raise RestoreError(
+                f"{topic}[{p}] starts at offset {low}, not 0: changes were deleted (retention?) and there is no "
+                f"usable full snapshot to start from.{skipped} Repair: publish a full snapshot that covers at least "
+                f"changelog offset {low} (run `snapshots compact` while the changelog is complete), or restore the "
+                "changelog's retention.ms=-1 and rebuild the state by reprocessing the input into a new app id."
+            )
+        raise RestoreError(
+            f"{topic}[{p}] starts at offset {low}, but the newest usable full snapshot {manifest.snapshot_id} "
+            f"(generation {manifest.generation}) covers the changelog only below {manifest.changelog_offset}: the "
+            f"changes in between were deleted.{skipped} Repair: keep the changelog's retention.ms=-1 (only the "
+            "compaction job deletes from it, and only below the previous generation) and rebuild the state by "
+            "reprocessing the input into a new app id; if a newer snapshot was damaged, recreate it from a backup."
+        )
+
+    # -- the changelog tail ----------------------------------------------------------------------------------------
     def close(self) -> None:
         self._consumer.close()
 
@@ -99,14 +248,38 @@ class ChangelogRestore:
         self.state.load(entries)
         self.records += len(messages)
 
+    def _progress(self) -> None:
+        if time.monotonic() <= self._next_progress:
+            return
+        self._next_progress += PROGRESS_EVERY_S
+        if self.phase == "tail":
+            log.info("restoring p%d: %d snapshot entries, %d changelog records, position %d of %d", self.partition,
+                     self.snapshot_entries, self.records, self._reader.positions[self.partition], self.end)
+        else:
+            log.info("restoring p%d: %s, %d snapshot records read", self.partition,
+                     "looking for the latest snapshot" if self.phase == "scan" else "loading the snapshot",
+                     self.snapshot_records + (self._load.records if self._load else 0))
+
+    def _stuck(self) -> str:
+        if self.phase == "scan":
+            return f"{self.snapshot_topic}: {self._scan.stuck()}"
+        if self.phase == "load":
+            return f"{self.snapshot_topic}: loading chunks of {self._load.manifest.snapshot_id}"
+        return f"{self.topic}: {self._reader.stuck()}"
+
     def _verify_checkpoint(self) -> None:
-        covered = self.last_checkpoint.next_input_offset if self.last_checkpoint else None
+        if self.last_checkpoint is not None:
+            covered, source = self.last_checkpoint.next_input_offset, "the changelog's last checkpoint"
+        elif self.snapshot is not None:
+            covered, source = self.snapshot.input_offset, f"the snapshot {self.snapshot.snapshot_id}"
+        else:
+            covered, source = None, "the changelog's last checkpoint"
         if covered != self.committed_offset and not self.strict:
             log.warning("p%d: checkpoint %s != committed offset %s: records in between are applied again "
                         "(at-least-once)", self.partition, covered, self.committed_offset)
         elif covered != self.committed_offset:
             raise RestoreError(
-                f"p{self.partition}: the changelog's last checkpoint covers input offset {covered} but the group's "
+                f"p{self.partition}: {source} covers input offset {covered} but the group's "
                 f"committed offset is {self.committed_offset}. They are written in one transaction, so one of them "
                 "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
                 f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."

@@ -45,7 +45,8 @@ from pipeline.task import (
     TaskContext,
     TransactionAborted,
 )
-from pipeline.topics import CHANGELOG_CONFIG, ensure_topics
+from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
+from snapshots.format import snapshot_topic
 
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0
@@ -63,6 +64,7 @@ class Runner:
         self.input_topic = settings.input_topic or app.input_topic
         self.output_topic = settings.output_topic or app.output_topic
         self.changelog_topic = settings.changelog_topic or changelog_topic(self.app_id)
+        self.snapshot_topic = settings.snapshot_topic or snapshot_topic(self.app_id)
         self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
         self.metrics = Metrics()
         self.tasks: dict[int, PartitionTask] = {}
@@ -125,6 +127,7 @@ class Runner:
             "group.id": f"{self.app_id}.restore",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
+            "auto.offset.reset": "error",  # records deleted under a restore: an error, never a silent jump
             "fetch.max.bytes": 64 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
         })
@@ -138,6 +141,7 @@ class Runner:
         internal = {self.dead_letter_topic: {}}
         if self.app.stateful:
             internal[self.changelog_topic] = CHANGELOG_CONFIG
+            internal[self.snapshot_topic] = SNAPSHOT_CONFIG
         ensure_topics(self.admin, input_topic=self.input_topic, output_topic=self.output_topic, internal=internal,
                       replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
         self.consumer = Consumer(self._consumer_config())
@@ -315,6 +319,7 @@ class Runner:
         self.restores[task.partition] = ChangelogRestore(
             self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
             task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s, strict=s.exactly_once,
+            snapshot_topic=self.snapshot_topic,
         )
 
     def _advance_restores(self) -> None:
@@ -334,8 +339,11 @@ class Runner:
                 self.consumer.resume([TopicPartition(self.input_topic, p)])
                 self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
                 self.metrics.restore_records.labels(str(p)).inc(restore.records)
-                log.info("p%d restored: %d keys from %d changelog records in %.2fs", p, len(task.state),
-                         restore.records, restore.seconds)
+                self.metrics.restore_snapshot_entries.labels(str(p)).inc(restore.snapshot_entries)
+                log.info("p%d restored: %d keys from %d snapshot entries (%s) and %d changelog records in %.2fs", p,
+                         len(task.state), restore.snapshot_entries,
+                         restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
+                         restore.seconds)
 
     def _end_restore(self, p: int) -> None:
         self.restores.pop(p).close()

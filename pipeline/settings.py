@@ -34,6 +34,7 @@ class Settings:
     output_topic: str = ""  # default: the App's
     dead_letter_topic: str = ""  # default: <app_id>-dlq
     changelog_topic: str = ""  # default: <app_id>-changelog
+    snapshot_topic: str = ""  # default: <app_id>-snapshots (full snapshots, written by `snapshots compact`)
     processing_guarantee: str = EXACTLY_ONCE
     commit_interval_ms: int = 100
     commit_max_records: int = 10_000

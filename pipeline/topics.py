@@ -9,6 +9,9 @@ from pipeline.settings import ConfigError
 
 # The changelog is the only copy of the state until full snapshots exist: never delete from it by time.
 CHANGELOG_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+# Full snapshots: never deleted by time either. The compaction job deletes (delete_records) below the previous
+# generation once a new one is published, so the latest two complete generations always remain (snapshots/).
+SNAPSHOT_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
 def partition_counts(admin: AdminClient, timeout_s: float) -> dict[str, int]:

@@ -1,0 +1,245 @@
+"""Finding the latest complete snapshot of a partition, in steps that never block for long.
+
+`ManifestScan` reads partition p of the snapshot topic backwards from its end in growing windows (8, 32, 128, ...
+records), each window read with read_committed *to its end* by a `TailReader` (the position reaching the window's
+end, never a single poll), and collects the manifests it meets, newest first. The end is the last stable offset:
+everything above it belongs to a transaction still open, i.e. a publish in flight, which is not a snapshot yet;
+with no open transaction it equals the high watermark. Transaction markers, aborted manifests and chunks are
+stepped over by the position; an empty partition has no window at all.
+
+`ChunkLoad` reads the chunks of one manifest ([first_chunk_offset, manifest offset)) and verifies it: every index
+0..chunks-1 present with a good CRC, the entry count and the manifest checksum. Chunks of other snapshots that lie
+in between (an interleaved or crashed run) are skipped by snapshot id; a duplicate index (a retried Spark task) is
+read once. Anything else makes the snapshot invalid (`InvalidSnapshot`), and the caller falls back to an older one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from pipeline.offsets import EndOffsetsTimeout, TailReader, low_watermarks
+from snapshots.format import (
+    FORMAT_VERSION,
+    CorruptChunk,
+    Manifest,
+    decode_chunk,
+    is_chunk,
+    is_manifest,
+    manifest_checksum,
+    peek_chunk,
+)
+
+log = logging.getLogger(__name__)
+FIRST_WINDOW = 8
+WINDOW_GROWTH = 4
+CHUNKS_PER_STEP = 8  # a chunk decodes in a few ms: keep each step well inside the restore budget
+
+
+class InvalidSnapshot(ValueError):
+    """This snapshot is incomplete or corrupt; use an older one."""
+
+
+class OffsetsTruncated(RuntimeError):
+    """Records were deleted under a reader (delete_records by the compaction job): start over."""
+
+
+def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
+    """The last stable offset per partition (ListOffsets with read_committed), with a bounded wait."""
+    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+    try:
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout_s)
+        return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+    except (KafkaException, TimeoutError) as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e
+
+
+def snapshot_bounds(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
+                    ) -> dict[int, tuple[int, int]]:
+    low = low_watermarks(admin, topic, partitions, timeout_s)
+    end = stable_end_offsets(admin, topic, partitions, timeout_s)
+    return {p: (low[p], end[p]) for p in partitions}
+
+
+class CheckedConsumer:
+    """A consumer whose `consume` raises OffsetsTruncated instead of silently jumping when records it was about to
+    read were deleted. Needs auto.offset.reset=error in the consumer's configuration."""
+
+    _TRUNCATED = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages = self._consumer.consume(num_messages=num_messages, timeout=timeout)
+        for m in messages:
+            if m.error() is not None and m.error().code() in self._TRUNCATED:
+                raise OffsetsTruncated(f"{m.topic()}[{m.partition()}]: {m.error()}")
+        return messages
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+
+class ManifestScan:
+    def __init__(self, consumer: Consumer, topic: str, partition: int, low: int, end: int,
+                 on_skip: Callable[[int, str], None] | None = None) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.partition = partition
+        self.low = low
+        self.end = end
+        self.scanned_from = end  # everything in [scanned_from, end) has been looked at
+        self.candidates: list[tuple[int, Manifest]] = []  # found and not handed out yet, newest first
+        self.newest_offset: int | None = None  # offset of the newest manifest record, valid or not
+        self.records = 0
+        self._window = FIRST_WINDOW
+        self._reader: TailReader | None = None
+        self._found: list[tuple[int, Manifest]] = []
+        self._on_skip = on_skip or (lambda offset, why: log.warning(
+            "%s[%d]@%d: manifest skipped: %s", topic, partition, offset, why))
+
+    @property
+    def exhausted(self) -> bool:
+        return not self.candidates and self._reader is None and self.scanned_from <= self.low
+
+    def next_candidate(self) -> tuple[int, Manifest] | None:
+        return self.candidates.pop(0) if self.candidates else None
+
+    def step(self, budget_s: float) -> None:
+        """Scans until a candidate is available, the start is reached, or the budget is spent."""
+        until = time.monotonic() + budget_s
+        while not self.candidates and not self.exhausted and time.monotonic() < until:
+            if self._reader is None:
+                start = max(self.low, self.scanned_from - self._window)
+                self._window *= WINDOW_GROWTH
+                self._reader = TailReader(self.consumer, self.topic, {self.partition: start},
+                                          {self.partition: self.scanned_from})
+                self._window_start = start
+                self._found = []
+            for m in self._reader.step(timeout_s=min(0.05, max(0.001, until - time.monotonic())),
+                                       max_records=CHUNKS_PER_STEP):
+                self.records += 1
+                if is_manifest(m.headers()):
+                    self._found.append((m.offset(), m.value()))
+            if self._reader.done:
+                self._reader = None
+                self.scanned_from = self._window_start
+                for offset, value in sorted(self._found, reverse=True):
+                    if self.newest_offset is None:
+                        self.newest_offset = offset
+                    try:
+                        manifest = Manifest.decode(value)
+                    except ValueError as e:
+                        self._on_skip(offset, str(e))
+                        continue
+                    self.candidates.append((offset, manifest))
+
+    def stuck(self) -> str:
+        if self._reader is None:
+            return "no read pending"
+        return ", ".join(f"position {pos} < end {end}" for pos, end in self._reader.stuck().values())
+
+
+def scan_all(consumer: Consumer, topic: str, partition: int, low: int, end: int, timeout_s: float,
+             on_skip: Callable[[int, str], None] | None = None) -> ManifestScan:
+    """Scans the whole partition back to `low` (a few manifests at most: the job keeps two generations)."""
+    scan = ManifestScan(consumer, topic, partition, low, end, on_skip)
+    found: list[tuple[int, Manifest]] = []
+    deadline = time.monotonic() + timeout_s
+    while not scan.exhausted:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}[{partition}]: manifest scan did not finish in {timeout_s:.0f}s "
+                               f"({scan.stuck()}); is a transaction on it stuck open?")
+        scan.step(0.5)
+        while scan.candidates:
+            found.append(scan.next_candidate())
+    scan.candidates = found
+    return scan
+
+
+def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog_end: int) -> None:
+    """What a manifest must say before its chunks are worth reading."""
+    if manifest.format != FORMAT_VERSION:
+        raise InvalidSnapshot(f"format version {manifest.format}; this reader knows {FORMAT_VERSION}")
+    if manifest.partition != partition:
+        raise InvalidSnapshot(f"manifest is for partition {manifest.partition}, found in partition {partition}")
+    if manifest.changelog_topic != changelog_topic:
+        raise InvalidSnapshot(f"manifest covers changelog {manifest.changelog_topic!r}, not {changelog_topic!r}")
+    if manifest.changelog_offset > changelog_end:
+        raise InvalidSnapshot(
+            f"covers changelog offset {manifest.changelog_offset}, but the changelog ends at {changelog_end} "
+            "(was the changelog topic deleted and recreated?)"
+        )
+
+
+class ChunkLoad:
+    """Reads and verifies the chunks of one manifest into a dict, in steps."""
+
+    def __init__(self, consumer: Consumer, topic: str, partition: int, manifest_offset: int, manifest: Manifest
+                 ) -> None:
+        self.manifest = manifest
+        self.manifest_offset = manifest_offset
+        self.partition = partition
+        self.entries: dict[str, bytes] = {}
+        self.records = 0
+        self._crcs: dict[int, int] = {}
+        self._counts: dict[int, int] = {}
+        self._errors: list[str] = []
+        self._reader = TailReader(consumer, topic, {partition: manifest.first_chunk_offset},
+                                  {partition: manifest_offset})
+
+    @property
+    def done(self) -> bool:
+        return self._reader.done
+
+    def step(self, budget_s: float) -> None:
+        until = time.monotonic() + budget_s
+        while not self._reader.done and time.monotonic() < until:
+            for m in self._reader.step(timeout_s=min(0.05, max(0.001, until - time.monotonic())),
+                                       max_records=CHUNKS_PER_STEP):
+                self.records += 1
+                if is_chunk(m.headers()):
+                    self._chunk(m)
+
+    def _chunk(self, m: Message) -> None:
+        value = m.value()
+        try:
+            sid, index = peek_chunk(value)
+        except CorruptChunk as e:
+            self._errors.append(f"offset {m.offset()}: {e}")
+            return
+        if sid != self.manifest.snapshot_id or index in self._crcs:
+            return  # another snapshot's chunk, or a duplicate written by a retried task
+        try:
+            _, index, keys, values, crc = decode_chunk(value)
+        except CorruptChunk as e:
+            self._errors.append(f"offset {m.offset()}: {e}")
+            return
+        self.entries.update(zip(keys, values, strict=True))
+        self._crcs[index] = crc
+        self._counts[index] = len(keys)
+
+    def finish(self) -> dict[str, bytes]:
+        """The snapshot's entries, or InvalidSnapshot saying what is wrong."""
+        m = self.manifest
+        missing = [i for i in range(m.chunks) if i not in self._crcs]
+        if missing:
+            detail = f"; unreadable chunks: {'; '.join(self._errors[:3])}" if self._errors else ""
+            raise InvalidSnapshot(f"{len(missing)} of {m.chunks} chunks missing or corrupt "
+                                  f"(indexes {missing[:5]}){detail}")
+        if len(self._crcs) != m.chunks:
+            raise InvalidSnapshot(f"{len(self._crcs)} chunks found, the manifest says {m.chunks}")
+        count = sum(self._counts.values())
+        if count != m.entries or len(self.entries) != m.entries:
+            raise InvalidSnapshot(f"{count} entries ({len(self.entries)} distinct keys), the manifest says "
+                                  f"{m.entries}")
+        checksum = manifest_checksum([self._crcs[i] for i in range(m.chunks)])
+        if checksum != m.checksum:
+            raise InvalidSnapshot(f"checksum {checksum:#010x}, the manifest says {m.checksum:#010x}")
+        return self.entries
