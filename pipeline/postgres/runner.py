@@ -45,6 +45,7 @@ from pipeline.topics import partition_counts
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0  # after our epoch check failed: take p over again only if the group still gives it to us
 FIRST_BACKOFF_S = 0.1
+POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
 
 
 class Phase(enum.Enum):
@@ -125,7 +126,7 @@ class PgRunner:
         )
         self.pool.open(wait=False)
         self.ctx = WorkerContext(self.app, s, self.app_id, self.input_topic, self.pool, self.sink, self.metrics,
-                                 owner, pool_wait_s=min(5.0, self._timeout_s))
+                                 owner, pool_wait_s=min(POOL_WAIT_S, self._timeout_s))
         self.consumer = Consumer(consumer_config(s, self.app_id))
         log.info("%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)", self.app_id, self.app.name,
                  self.input_topic, describe_dsn(s.postgres_dsn), s.postgres_schema, version)
@@ -228,7 +229,9 @@ class PgRunner:
         else:
             self.db_errors.labels(str(p)).inc()
             delay = self._next_backoff(p)
-            log.warning("p%d: PostgreSQL write failed, batch rolled back: %s; retrying in %.1fs", p, error, delay)
+            what = "take-over (fence + restore) failed" if self.workers[p].epoch is None else \
+                "PostgreSQL write failed, batch rolled back"
+            log.warning("p%d: %s: %s; retrying in %.1fs", p, what, error, delay)
         self._make_pending(p, delay)
 
     def _next_backoff(self, p: int) -> float:

@@ -128,7 +128,8 @@ class PgWorker:
         except (Fenced, WriteFailed):
             raise
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-            raise WriteFailed(f"take-over: {type(e).__name__}: {_first_line(e)}") from e
+            self.epoch = None  # fenced maybe, but not restored: not a usable owner
+            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
         self.next_offset = self.committed_offset
         self.ctx.metrics.restore_seconds.labels(self.label).set(time.monotonic() - started)
         self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)

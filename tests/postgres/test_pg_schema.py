@@ -1,0 +1,140 @@
+"""Start-up of the PostgreSQL sink: tables created or migrated idempotently, and clear errors for a missing
+database, wrong credentials, an unreachable server, a table that does not match, bad settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pipeline import settings as settings_module
+from pipeline.examples.running_totals_pg import TotalsSink
+from pipeline.postgres.runner import consumer_config
+from pipeline.postgres.schema import (
+    COMPONENT,
+    LATEST_VERSION,
+    SCHEMA_VERSION,
+    PostgresSetupError,
+    connect_checked,
+    ensure_schema,
+)
+from pipeline.runner import Runner
+from pipeline.settings import ConfigError, Settings
+from tests.plugins.postgres import connect
+
+pytestmark = pytest.mark.postgres
+TABLES = TotalsSink.tables
+
+
+def with_dsn(dsn: str, **changes: object) -> str:
+    return make_conninfo(**{**conninfo_to_dict(dsn), **changes})
+
+
+def test_schema_is_created_once_and_start_up_is_idempotent(postgres_dsn, pg_schema):
+    with connect(postgres_dsn, autocommit=True) as conn:
+        assert ensure_schema(conn, pg_schema, TABLES) == LATEST_VERSION
+        assert ensure_schema(conn, pg_schema, TABLES) == LATEST_VERSION
+        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (pg_schema,))}
+        # The fence, not a constraint, keeps duplicates out: the only index on outputs is its surrogate key.
+        indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'outputs'",
+                               (pg_schema,)).fetchall()
+    assert tables == {"pipeline_schema_version", "pipeline_offsets", "pipeline_state", "pipeline_dead_letters",
+                      "outputs", "totals"}
+    assert len(indexes) == 1 and "(row_id)" in indexes[0][0]
+
+
+def test_instances_starting_together_migrate_once(postgres_dsn):
+    schema = f"test_{uuid.uuid4().hex[:12]}"  # does not exist yet: created by the first one in
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            with connect(postgres_dsn, autocommit=True) as conn:
+                ensure_schema(conn, schema, TABLES)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        with connect(postgres_dsn) as conn:
+            rows = conn.execute(sql.SQL("SELECT component, version FROM {}").format(
+                SCHEMA_VERSION.ident(schema))).fetchall()
+        assert rows == [(COMPONENT, LATEST_VERSION)]
+    finally:
+        with connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_a_table_that_does_not_match_stops_the_start_with_every_difference(postgres_dsn, pg_schema):
+    with connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (input_partition integer, input_offset integer, account text)")
+                     .format(sql.Identifier(pg_schema, "outputs")))
+        with pytest.raises(PostgresSetupError) as raised:
+            ensure_schema(conn, pg_schema, TABLES)
+    message = str(raised.value)
+    assert f"{pg_schema}.outputs.input_offset is integer, expected bigint" in message
+    assert f"{pg_schema}.outputs.sum is missing" in message
+    assert f"{pg_schema}.outputs has primary key (none), expected (row_id)" in message
+
+
+def test_tables_of_a_newer_release_are_refused(postgres_dsn, pg_schema):
+    with connect(postgres_dsn, autocommit=True) as conn:
+        ensure_schema(conn, pg_schema, TABLES)
+        conn.execute(sql.SQL("UPDATE {} SET version = version + 1").format(SCHEMA_VERSION.ident(pg_schema)))
+        with pytest.raises(PostgresSetupError, match="migrated by a newer release"):
+            ensure_schema(conn, pg_schema, TABLES)
+
+
+def test_missing_database_wrong_credentials_and_unreachable_server_are_clear_errors(postgres_dsn):
+    with pytest.raises(PostgresSetupError, match="database 'no_such_db' does not exist"):
+        connect_checked(with_dsn(postgres_dsn, dbname="no_such_db"), {}, 5)
+    with pytest.raises(PostgresSetupError, match=r"refused the credentials.*password authentication failed"):
+        connect_checked(with_dsn(postgres_dsn, password="not-the-password"), {}, 5)
+    with pytest.raises(PostgresSetupError, match="not reachable within 1s"):
+        connect_checked(with_dsn(postgres_dsn, host="127.0.0.1", port=1), {"connect_timeout": 1}, 1)
+
+
+def test_run_exits_2_naming_the_problem_without_leaking_the_password(postgres_dsn, kafka_bootstrap, new_topic):
+    topic = new_topic("in", partitions=1)
+    env = {**os.environ, "PIPELINE_SINK": "postgres", "PIPELINE_INPUT_TOPIC": topic,
+           "PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap,
+           "PIPELINE_POSTGRES_DSN": with_dsn(postgres_dsn, password="s3cret-typo")}
+    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals_pg:app"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "configuration error: POSTGRES_DSN pipeline@127.0.0.1" in done.stderr
+    assert "refused the credentials" in done.stderr
+    assert "s3cret-typo" not in done.stderr + done.stdout
+
+
+def test_settings_of_the_postgres_sink_are_validated():
+    with pytest.raises(ConfigError, match="POSTGRES_DSN is empty"):
+        Settings(sink="postgres")
+    with pytest.raises(ConfigError, match="SINK must be kafka or postgres"):
+        Settings(sink="mysql")
+    with pytest.raises(ConfigError, match="exactly-once by construction"):
+        Settings(sink="postgres", postgres_dsn="x", processing_guarantee="at_least_once")
+    with pytest.raises(ConfigError, match="IDLE_IN_TRANSACTION_TIMEOUT_MS=20000 must be below"):
+        Settings(sink="postgres", postgres_dsn="x", postgres_idle_in_transaction_timeout_ms=20_000)
+    loaded = settings_module.load(env={"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": "host=db",
+                                       "PIPELINE_POSTGRES_POOL_SIZE": "8"})
+    assert (loaded.sink, loaded.postgres_dsn, loaded.postgres_pool_size) == ("postgres", "host=db", 8)
+
+
+def test_consumer_config_follows_the_kafka_runners_conventions():
+    from pipeline.examples.running_totals import app
+
+    settings = Settings(group_instance_id="pod-1", kafka={"client.id": "x"})
+    kafka_runner = Runner(app, settings.with_overrides(app_id="my-app"))
+    assert consumer_config(settings, "my-app") == kafka_runner._consumer_config()
