@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +46,12 @@ class Metrics:
         self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r)
         self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r)
         self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r)
+
+    def forget_partition(self, partition: int) -> None:
+        """Drops the per-partition gauges of a partition this process no longer owns (its new owner reports them)."""
+        for gauge in (self.lag, self.restore_seconds):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(partition))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

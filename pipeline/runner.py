@@ -153,8 +153,8 @@ class Runner:
         s = self.settings
         self.open()
         health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
-        log.info("%s: %s from %s to %s (%s)", self.app_id, self.app.name, self.input_topic, self.output_topic,
-                 s.processing_guarantee)
+        log.info("%s: %s from %s to %s (%s); kafka settings %s", self.app_id, self.app.name, self.input_topic,
+                 self.output_topic, s.processing_guarantee, s.redacted_kafka())
         self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         try:
@@ -180,7 +180,8 @@ class Runner:
         for p in list(self.tasks):
             self._close_task(p, commit=True)
         if self.consumer is not None:
-            self.consumer.close()  # leaves the group; the revoke callback finds no task left
+            # Leaves the group (a static member does not: its partitions wait for it until the session times out).
+            self.consumer.close()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
@@ -371,6 +372,7 @@ class Runner:
         task = self.tasks.pop(p, None)
         if task is not None:
             task.close(commit=commit)
+            self.metrics.forget_partition(p)
 
 
 def _fence_with_retries(task: PartitionTask, settings: Settings) -> str | None:

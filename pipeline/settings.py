@@ -19,7 +19,7 @@ EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
-SECRET_WORDS = ("password", "secret", "key", "token", "jaas")
+SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
 
 
 class ConfigError(ValueError):
@@ -59,7 +59,7 @@ class Settings:
     postgres_pool_size: int = 4  # connections per process (one per partition committing at the same time)
     postgres_retry_backoff_max_ms: int = 5_000  # back-off cap while PostgreSQL is unreachable
     postgres_idle_in_transaction_timeout_ms: int = 5_000  # the server ends a writer paused mid-transaction
-    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
 
     def __post_init__(self) -> None:
         validate(self)
