@@ -54,7 +54,7 @@ class Settings:
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
     test_abort_every: int = 0  # testing only: abort every k-th transaction of each partition (0: never)
     sink: str = "kafka"  # or "postgres": results and offsets in one database transaction (pipeline/postgres)
-    postgres_dsn: str = ""  # libpq URI or key=value string; required with SINK=postgres
+    postgres_dsn: str = field(default="", repr=False)  # libpq URI or key=value string (may hold a password)
     postgres_schema: str = "public"  # where the sink's tables live (created or migrated on start-up)
     postgres_pool_size: int = 4  # connections per process (one per partition committing at the same time)
     postgres_retry_backoff_max_ms: int = 5_000  # back-off cap while PostgreSQL is unreachable

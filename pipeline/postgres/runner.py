@@ -360,7 +360,8 @@ class PgRunner:
         self._forget(p)
 
     def _forget(self, p: int) -> None:
-        self.workers.pop(p, None)
+        if self.workers.pop(p, None) is not None:
+            self.metrics.forget_partition(p)
         self.phases.pop(p, None)
         self._retry_at.pop(p, None)
         self._backoff.pop(p, None)

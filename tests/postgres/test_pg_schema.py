@@ -130,6 +130,7 @@ def test_settings_of_the_postgres_sink_are_validated():
     loaded = settings_module.load(env={"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": "host=db",
                                        "PIPELINE_POSTGRES_POOL_SIZE": "8"})
     assert (loaded.sink, loaded.postgres_dsn, loaded.postgres_pool_size) == ("postgres", "host=db", 8)
+    assert "hunter2" not in repr(Settings(sink="postgres", postgres_dsn="postgresql://u:hunter2@db/x"))
 
 
 def test_consumer_config_follows_the_kafka_runners_conventions():
