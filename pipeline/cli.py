@@ -13,7 +13,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    delegated = {"verify": "pipeline.checker", "bench": "pipeline.bench", "chaos": "pipeline.chaos"}
+    delegated = {"verify": "pipeline.checker", "bench": "pipeline.bench", "chaos": "pipeline.chaos",
+                 "snapshots": "snapshots.cli"}
     if argv[:1] and argv[0] in delegated:  # commands with their own argument parsers
         import importlib
 

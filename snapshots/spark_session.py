@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -59,6 +60,8 @@ def local_spark_session(app_name: str, master: str = "local[2]") -> SparkSession
     """
     # Bind the driver to loopback instead of warning that the hostname resolves to it and picking another interface.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers run the driver's interpreter (the venv, with pyarrow for mapInArrow), not whatever is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master).config("spark.jars", kafka_connector_jars())
     for key, value in LOCAL_CONF.items():
         builder = builder.config(key, value)

@@ -1,0 +1,122 @@
+"""Writing changelogs on purpose (transactions, aborts, checkpoints) and restoring one partition in-process."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.restore import ChangelogRestore
+from pipeline.state import PartitionState
+from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
+from snapshots.compact import Options
+
+INPUT = "input-topic"
+
+
+@dataclass
+class Changelog:
+    """An app's changelog written directly, like the pipeline writes it: changes + checkpoint per transaction."""
+
+    bootstrap: str
+    app_id: str
+    partitions: int
+    folds: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    next_input: dict[int, int] = field(default_factory=dict)
+    records: dict[int, int] = field(default_factory=dict)  # committed data records (changes + checkpoints)
+
+    def __post_init__(self) -> None:
+        self.producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.app_id}.writer",
+                                  "linger.ms": 5})
+        self.producer.init_transactions(30)
+        for p in range(self.partitions):
+            self.folds.setdefault(p, {})
+            self.next_input.setdefault(p, 0)
+            self.records.setdefault(p, 0)
+
+    @property
+    def topic(self) -> str:
+        return f"{self.app_id}-changelog"
+
+    @property
+    def snapshots(self) -> str:
+        return f"{self.app_id}-snapshots"
+
+    def transaction(self, p: int, changes: dict[str, bytes | None], commit: bool = True) -> None:
+        self.producer.begin_transaction()
+        for key, value in changes.items():
+            self.producer.produce(self.topic, value, key.encode(), partition=p)
+        next_input = self.next_input[p] + max(1, len(changes))
+        checkpoint = Checkpoint(INPUT, p, next_input)
+        self.producer.produce(self.topic, checkpoint.encode(), CHECKPOINT_KEY, partition=p,
+                              headers=[CHECKPOINT_HEADER])
+        if not commit:
+            self.producer.flush(30)  # the aborted records really reach the log
+            self.producer.abort_transaction(30)
+            return
+        self.producer.commit_transaction(30)
+        self.next_input[p] = next_input
+        self.records[p] += len(changes) + 1
+        fold = self.folds[p]
+        for key, value in changes.items():
+            if value is None:
+                fold.pop(key, None)
+            else:
+                fold[key] = value
+
+    def random_history(self, rng: random.Random, transactions: int, keys: int, size: int = 20,
+                       delete_ratio: float = 0.2, abort_ratio: float = 0.1) -> None:
+        for _ in range(transactions):
+            p = rng.randrange(self.partitions)
+            changes: dict[str, bytes | None] = {}
+            for _ in range(rng.randint(1, size)):
+                key = f"k{rng.randrange(keys)}-é" if rng.random() < 0.1 else f"k{rng.randrange(keys)}"
+                changes[key] = None if rng.random() < delete_ratio else rng.randbytes(rng.randint(0, 40))
+            self.transaction(p, changes, commit=rng.random() >= abort_ratio)
+
+    def committed(self, p: int) -> int | None:
+        return self.next_input[p] if self.records[p] else None
+
+
+def create_app_topics(admin: AdminClient, app_id: str, partitions: int) -> None:
+    topics = [NewTopic(f"{app_id}-changelog", partitions, 1, config=CHANGELOG_CONFIG),
+              NewTopic(f"{app_id}-snapshots", partitions, 1, config=SNAPSHOT_CONFIG)]
+    for future in admin.create_topics(topics).values():
+        future.result(30)
+
+
+def new_app(admin: AdminClient, bootstrap: str, partitions: int = 2, prefix: str = "snap") -> Changelog:
+    app_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    create_app_topics(admin, app_id, partitions)
+    return Changelog(bootstrap, app_id, partitions)
+
+
+def options(log: Changelog, **overrides) -> Options:
+    return Options(log.bootstrap, log.app_id, timeout_s=30, **overrides)
+
+
+def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
+            ) -> tuple[dict[str, bytes], ChangelogRestore]:
+    """Restores partition p like the runner does (steps of 200 ms) and returns the encoded state."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    state = PartitionState()
+
+    def consumer() -> Consumer:
+        return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app_id}.restore",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "auto.offset.reset": "error"})
+
+    job = ChangelogRestore(consumer, admin, f"{app_id}-changelog", p, state, committed, timeout_s, 10,
+                           snapshot_topic=f"{app_id}-snapshots")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not job.step(0.2):
+            assert time.monotonic() < deadline
+    finally:
+        job.close()
+    return dict(state.encoded_items()), job
