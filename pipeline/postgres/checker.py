@@ -132,8 +132,8 @@ def check_tables(app: App, run: TableRun) -> Verdict:
         lowest = last_data[p] + 1 if p in last_data else None
         next_offset = run.offsets.get(p, (None, 0))[0]
         _check_next_offset(verdict.offsets, f"offsets table p{p}", next_offset, lowest, run.inputs.ends[p])
-    verdict.notes = ["outputs, dead letters, state and offsets read from PostgreSQL; group offsets not checked "
-                     "(monitoring only)"]
+    verdict.notes = ["outputs, dead letters, state and offsets read from PostgreSQL ('changelog records' counts the "
+                     "rows of pipeline_state); group offsets not checked (monitoring only)"]
     return verdict
 
 
