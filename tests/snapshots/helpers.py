@@ -11,10 +11,22 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.offsets import high_watermarks
 from pipeline.restore import ChangelogRestore
 from pipeline.state import PartitionState
 from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
 from snapshots.compact import Options
+from snapshots.format import (
+    CHUNK_HEADER,
+    MANIFEST_HEADER,
+    Manifest,
+    chunk_key,
+    encode_chunk,
+    manifest_checksum,
+    now_iso,
+    snapshot_id,
+    split_chunks,
+)
 
 INPUT = "input-topic"
 
@@ -70,9 +82,9 @@ class Changelog:
                 fold[key] = value
 
     def random_history(self, rng: random.Random, transactions: int, keys: int, size: int = 20,
-                       delete_ratio: float = 0.2, abort_ratio: float = 0.1) -> None:
+                       delete_ratio: float = 0.2, abort_ratio: float = 0.1, only: list[int] | None = None) -> None:
         for _ in range(transactions):
-            p = rng.randrange(self.partitions)
+            p = rng.choice(only) if only else rng.randrange(self.partitions)
             changes: dict[str, bytes | None] = {}
             for _ in range(rng.randint(1, size)):
                 key = f"k{rng.randrange(keys)}-é" if rng.random() < 0.1 else f"k{rng.randrange(keys)}"
@@ -120,3 +132,47 @@ def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_
     finally:
         job.close()
     return dict(state.encoded_items()), job
+
+
+def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, changelog_offset: int,
+                     input_offset: int | None, generation: int, damage: str | None = None,
+                     chunk_bytes: int = 2_000) -> tuple[Manifest, int]:
+    """Writes a snapshot of p by hand, like the job does (chunks, then the manifest in a transaction), optionally
+    damaged: "flip" garbles a byte of chunk 1, "drop" leaves chunk 1 out, "no-manifest" aborts the manifest's
+    transaction, "half" writes only the first chunks and no manifest. Returns the manifest and its offset (or -1)."""
+    sid = snapshot_id(log.app_id, p, f"hand-{generation}", 0, changelog_offset)
+    chunks = [encode_chunk(sid, i, keys, values)
+              for i, (keys, values) in enumerate(split_chunks(sorted(entries.items()), chunk_bytes))]
+    assert damage is None or len(chunks) >= 3, "damage needs at least 3 chunks"
+    offsets: list[int] = []
+    plain = Producer({"bootstrap.servers": log.bootstrap, "enable.idempotence": True})
+    for i, (payload, _) in enumerate(chunks):
+        if (damage == "drop" and i == 1) or (damage == "half" and i >= 2):
+            continue
+        if damage == "flip" and i == 1:
+            payload = payload[:-1] + bytes([payload[-1] ^ 0xFF])
+        plain.produce(log.snapshots, payload, chunk_key(sid, i), partition=p, headers=[CHUNK_HEADER],
+                      on_delivery=lambda err, msg: offsets.append(msg.offset()))
+    assert plain.flush(30) == 0
+    manifest = Manifest(sid, generation, p, log.topic, changelog_offset, input_offset, len(chunks),
+                        len(entries), sum(len(c) for c, _ in chunks), manifest_checksum([crc for _, crc in chunks]),
+                        min(offsets), now_iso())
+    if damage == "half":
+        return manifest, -1
+    publisher = Producer({"bootstrap.servers": log.bootstrap, "transactional.id": f"{log.app_id}.hand"})
+    publisher.init_transactions(30)
+    publisher.begin_transaction()
+    where: list[int] = []
+    publisher.produce(log.snapshots, manifest.encode(), sid.encode(), partition=p, headers=[MANIFEST_HEADER],
+                      on_delivery=lambda err, msg: where.append(msg.offset()))
+    publisher.flush(30)
+    if damage == "no-manifest":
+        publisher.abort_transaction(30)
+        return manifest, -1
+    publisher.commit_transaction(30)
+    return manifest, where[0]
+
+
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return high_watermarks(admin, topic, list(range(partitions)), 10)
