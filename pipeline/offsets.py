@@ -35,16 +35,24 @@ class ReadToEndTimeout(TimeoutError):
 def watermarks(
     admin: AdminClient, topic: str, partitions: list[int], timeout_s: float, spec: OffsetSpec | None = None
 ) -> dict[int, int]:
-    """Offsets per partition by ListOffsets (default: the high watermark), with a bounded wait."""
-    spec = spec or OffsetSpec.latest()
-    request = {TopicPartition(topic, p): spec for p in partitions}
-    try:
-        futures = admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout_s
-        )
-        return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
-    except (KafkaException, TimeoutError) as e:
-        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e
+    """Offsets per partition by ListOffsets (default: the high watermark). Retriable errors (a leader being
+    elected, a just-created topic) are retried until timeout_s; then EndOffsetsTimeout says why."""
+    request = {TopicPartition(topic, p): spec or OffsetSpec.latest() for p in partitions}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = max(0.1, deadline - time.monotonic())
+        try:
+            futures = admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=remaining
+            )
+            return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
+        except KafkaException as e:
+            if e.args[0].retriable() and time.monotonic() + 0.1 < deadline:
+                time.sleep(0.1)
+                continue
+            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
+        except TimeoutError as e:
+            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
 
 
 def high_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:

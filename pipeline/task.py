@@ -18,12 +18,12 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
 
-from pipeline.app import App, Record
+from pipeline.app import App, Output, Record
 from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
@@ -99,6 +99,9 @@ class PartitionTask:
         self._txn_records = 0
         self._txn_count = 0
         self._timeout_s = s.request_timeout_ms / 1000
+        self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
+        self._records_out = ctx.metrics.records_out.labels(self.label)
+        self._processing_errors = ctx.metrics.processing_errors.labels(self.label)
 
     # -- 1. fence, before anything of p is read ---------------------------------------------------------------------
     def fence(self) -> None:
@@ -113,61 +116,66 @@ class PartitionTask:
 
     # -- 4. process ---------------------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:
-        processed = 0
+        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted."""
+        app, state, partition = self.ctx.app, self.state, self.partition
+        decode_key, decode_value = app.key_serde.deserialize, app.value_serde.deserialize
+        user_process, stateful = app.process, app.stateful
+        processed = produced = 0
         for msg in messages:
             if self.phase is not Phase.RUNNING:
                 break  # the rest is fetched again after the rewind
-            if self.next_offset is not None and msg.offset() < self.next_offset:
+            offset = msg.offset()
+            if self.next_offset is not None and offset < self.next_offset:
                 continue  # fetched before a rewind took effect
-            self._begin_if_needed()
-            self._process_one(msg)
-            self.next_offset = msg.offset() + 1
+            if not self._in_transaction:
+                self._begin()
+            if stateful:
+                state.begin_record()
+            try:
+                record = Record(decode_key(msg.key()), decode_value(msg.value()), msg.topic(), partition, offset,
+                                msg.timestamp()[1], msg.headers() or ())
+                outputs = self._encode(user_process(state, record))
+            except Exception as error:  # from decoding or from user code: poison until proven otherwise
+                outputs = self._retry(msg, error)
+            if outputs:
+                source = (SOURCE_HEADER, encode_source(partition, offset))
+                for topic, key, value, out_partition, headers in outputs:
+                    self._produce(topic, key, value, out_partition, [*headers, source] if headers else [source])
+                produced += len(outputs)
+            self.next_offset = offset + 1
             self._txn_records += 1
             processed += 1
-        self.ctx.metrics.records_in.labels(self.label).inc(processed)
+        self._records_in.inc(processed)
+        self._records_out.inc(produced)
         self.producer.poll(0)
 
-    def _process_one(self, msg: Message) -> None:
-        s = self.ctx.settings
+    def _encode(self, outputs: Iterable[Output]) -> list[tuple]:
+        app, output_topic = self.ctx.app, self.ctx.output_topic
+        encode_key, encode_value = app.output_key_serde.serialize, app.output_value_serde.serialize
+        return [
+            (o.topic or output_topic, encode_key(o.key), encode_value(o.value),
+             -1 if o.partition is None else o.partition, o.headers)
+            for o in outputs
+        ]
+
+    def _retry(self, msg: Message, error: Exception) -> list[tuple] | None:
+        """After a failed attempt: undo, back off, try again; at the limit dead-letter (None) or stop (rule 6)."""
+        s, app = self.ctx.settings, self.ctx.app
         for attempt in range(1, s.processing_max_attempts + 1):
+            self.state.undo_record()
+            self._processing_errors.inc()
+            if attempt == s.processing_max_attempts:
+                self._give_up(msg, error, attempt)
+                return None
+            time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
             self.state.begin_record()
             try:
-                produced = self._outputs(msg)
-            except Exception as error:  # anything from decoding or from user code: poison until proven otherwise
-                self.state.undo_record()
-                self.ctx.metrics.processing_errors.labels(self.label).inc()
-                if attempt == s.processing_max_attempts:
-                    self._give_up(msg, error, attempt)
-                    return
-                time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
-                continue
-            source = (SOURCE_HEADER, encode_source(self.partition, msg.offset()))
-            for topic, key, value, partition, headers in produced:
-                self._produce(topic, key, value, partition, [*headers, source])
-            self.ctx.metrics.records_out.labels(self.label).inc(len(produced))
-            return
-
-    def _outputs(self, msg: Message) -> list[tuple]:
-        app = self.ctx.app
-        record = Record(
-            key=app.key_serde.deserialize(msg.key()),
-            value=app.value_serde.deserialize(msg.value()),
-            topic=msg.topic(),
-            partition=msg.partition(),
-            offset=msg.offset(),
-            timestamp_ms=msg.timestamp()[1],
-            headers=tuple(msg.headers() or ()),
-        )
-        return [
-            (
-                out.topic or self.ctx.output_topic,
-                app.output_key_serde.serialize(out.key),
-                app.output_value_serde.serialize(out.value),
-                out.partition,
-                list(out.headers),
-            )
-            for out in app.process(self.state, record)
-        ]
+                record = Record(app.key_serde.deserialize(msg.key()), app.value_serde.deserialize(msg.value()),
+                                msg.topic(), self.partition, msg.offset(), msg.timestamp()[1], msg.headers() or ())
+                return self._encode(app.process(self.state, record))
+            except Exception as again:
+                error = again
+        return None
 
     def _give_up(self, msg: Message, error: Exception, attempts: int) -> None:
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
@@ -179,20 +187,18 @@ class PartitionTask:
         self.ctx.metrics.dead_letters.inc()
         log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
 
-    def _produce(self, topic: str, key, value, partition: int | None, headers: list) -> None:
-        kwargs = {} if partition is None else {"partition": partition}
+    def _produce(self, topic: str, key, value, partition: int, headers: list) -> None:
+        """partition -1: the producer's partitioner (murmur2 of the key) decides."""
         while True:
             try:
-                self.producer.produce(topic, value, key, headers=headers, **kwargs)
+                self.producer.produce(topic, value, key, partition=partition, headers=headers)
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain
             except KafkaException as e:
                 _raise_classified("produce", e)
 
-    def _begin_if_needed(self) -> None:
-        if self._in_transaction:
-            return
+    def _begin(self) -> None:
         if self.ctx.settings.exactly_once:
             self._call(self.producer.begin_transaction)
         self._in_transaction = True

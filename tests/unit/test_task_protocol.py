@@ -258,7 +258,7 @@ def test_outputs_with_their_own_topic_partition_and_headers_keep_them_plus_the_s
     task.process([msg(0)])
     side, main = h.calls.produced()
     assert (side["topic"], side["partition"], side["headers"]) == ("side", 4, [("h", b"v"), (SOURCE_HEADER, b"2:0")])
-    assert (main["topic"], "partition" in main, main["key"]) == (OUTPUT, False, None)
+    assert (main["topic"], main["partition"], main["key"]) == (OUTPUT, -1, None)  # -1: the producer's partitioner
 
 
 def test_records_below_the_position_are_skipped() -> None:
