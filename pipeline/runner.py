@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
 from pipeline.changelog import changelog_topic
+from pipeline.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.deadletter import dead_letter_topic
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.restore import ChangelogRestore, RestoreError
@@ -76,61 +77,18 @@ class Runner:
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self._timeout_s = settings.request_timeout_ms / 1000
-        self.admin = AdminClient(self._client_config())
+        self.admin = AdminClient(client_config(settings))
         self.consumer: Consumer | None = None
         self.ctx: TaskContext | None = None
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
         self._next_gauge_update = 0.0
 
     # -- clients -----------------------------------------------------------------------------------------------------
-    def _client_config(self) -> dict:
-        return {"bootstrap.servers": self.settings.bootstrap_servers, **self.settings.kafka}
-
-    def _consumer_config(self) -> dict:
-        s = self.settings
-        config = {
-            **self._client_config(),
-            "group.id": self.app_id,
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": s.session_timeout_ms,
-            "heartbeat.interval.ms": s.heartbeat_interval_ms,
-            "max.poll.interval.ms": s.max_poll_interval_ms,
-            "fetch.wait.max.ms": 50,
-        }
-        if s.group_instance_id:
-            config["group.instance.id"] = s.group_instance_id
-        return config
-
     def _make_producer(self, txn_id: str | None) -> Producer:
-        s = self.settings
-        config = {
-            **self._client_config(),
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
-            # Back-to-back transactions hit CONCURRENT_TRANSACTIONS while markers are written: retry soon.
-            "retry.backoff.ms": 10,
-            "retry.backoff.max.ms": 100,
-        }
-        if txn_id is not None:
-            config |= {"transactional.id": txn_id, "transaction.timeout.ms": s.transaction_timeout_ms}
-        return Producer(config)
+        return Producer(producer_config(self.settings, txn_id))
 
     def _make_restore_consumer(self) -> Consumer:
-        return Consumer({
-            **self._client_config(),
-            "group.id": f"{self.app_id}.restore",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",  # records deleted under a restore: an error, never a silent jump
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 16 * 1024 * 1024,
-        })
+        return Consumer(restore_consumer_config(self.settings, f"{self.app_id}.restore"))
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -144,7 +102,7 @@ class Runner:
             internal[self.snapshot_topic] = SNAPSHOT_CONFIG
         ensure_topics(self.admin, input_topic=self.input_topic, output_topic=self.output_topic, internal=internal,
                       replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
-        self.consumer = Consumer(self._consumer_config())
+        self.consumer = Consumer(consumer_config(s, self.app_id))
         self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
                                self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
                                self._abort_hook)

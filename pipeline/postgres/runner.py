@@ -34,10 +34,12 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
+from pipeline.clients import consumer_config
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.postgres.schema import connect_checked, connection_kwargs, describe_dsn, ensure_schema
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
+from pipeline.runner import FatalRunnerError
 from pipeline.settings import ConfigError, Settings
 from pipeline.task import PoisonRecordStop
 from pipeline.topics import partition_counts
@@ -52,32 +54,6 @@ class Phase(enum.Enum):
     PENDING = "pending"  # to be taken over (fence + restore + seek); p paused
     RUNNING = "running"
     STOPPED = "stopped"  # a poison record with on_poison=stop
-
-
-class FatalRunnerError(RuntimeError):
-    pass
-
-
-def consumer_config(settings: Settings, app_id: str) -> dict:
-    """The Kafka runner's consumer conventions (read_committed, no auto-commit, cooperative-sticky, time-outs)."""
-    s = settings
-    config = {
-        "bootstrap.servers": s.bootstrap_servers,
-        **s.kafka,
-        "group.id": app_id,
-        "isolation.level": "read_committed",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": s.session_timeout_ms,
-        "heartbeat.interval.ms": s.heartbeat_interval_ms,
-        "max.poll.interval.ms": s.max_poll_interval_ms,
-        "fetch.wait.max.ms": 50,
-    }
-    if s.group_instance_id:
-        config["group.instance.id"] = s.group_instance_id
-    return config
 
 
 class PgRunner:

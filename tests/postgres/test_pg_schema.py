@@ -15,7 +15,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pipeline import settings as settings_module
 from pipeline.examples.running_totals_pg import TotalsSink
-from pipeline.postgres.runner import consumer_config
 from pipeline.postgres.schema import (
     COMPONENT,
     LATEST_VERSION,
@@ -24,7 +23,6 @@ from pipeline.postgres.schema import (
     connect_checked,
     ensure_schema,
 )
-from pipeline.runner import Runner
 from pipeline.settings import ConfigError, Settings
 from tests.plugins.postgres import connect
 
@@ -131,11 +129,3 @@ def test_settings_of_the_postgres_sink_are_validated():
                                        "PIPELINE_POSTGRES_POOL_SIZE": "8"})
     assert (loaded.sink, loaded.postgres_dsn, loaded.postgres_pool_size) == ("postgres", "host=db", 8)
     assert "hunter2" not in repr(Settings(sink="postgres", postgres_dsn="postgresql://u:hunter2@db/x"))
-
-
-def test_consumer_config_follows_the_kafka_runners_conventions():
-    from pipeline.examples.running_totals import app
-
-    settings = Settings(group_instance_id="pod-1", kafka={"client.id": "x"})
-    kafka_runner = Runner(app, settings.with_overrides(app_id="my-app"))
-    assert consumer_config(settings, "my-app") == kafka_runner._consumer_config()
