@@ -4,6 +4,7 @@ doubled, and no client hangs forever."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -11,6 +12,9 @@ from confluent_kafka.admin import AdminClient
 from pipeline.chaos import FaultRun
 from pipeline.examples import inputs
 from pipeline.examples.running_totals import app as totals
+from pipeline.offsets import EndOffsetsTimeout, high_watermarks
+from pipeline.settings import ConfigError
+from pipeline.topics import partition_counts
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 
 pytestmark = pytest.mark.cluster
@@ -60,3 +64,23 @@ def test_input_leader_paused_then_resumed(kafka_cluster, cluster_run):
     finally:
         kafka_cluster.resume(leader)
     assert_exactly_once(run.finish(timeout_s=180))
+
+
+def test_unreachable_cluster_gives_bounded_clear_errors(kafka_cluster):
+    """The seed's outage stories: end offsets and metadata time out with a message, they never hang."""
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    topic = f"outage-{uuid.uuid4().hex[:8]}"
+    inputs.create_topics(kafka_cluster.bootstrap, {topic: 1}, replication=3)
+    for node in (1, 2, 3):
+        kafka_cluster.pause(node)
+    try:
+        started = time.monotonic()
+        with pytest.raises(EndOffsetsTimeout, match=f"{topic}: end offsets not known within 2s"):
+            high_watermarks(admin, topic, [0], timeout_s=2)
+        with pytest.raises(ConfigError, match="BOOTSTRAP_SERVERS: no cluster metadata within 2s"):
+            partition_counts(admin, timeout_s=2)
+        assert time.monotonic() - started < 15
+    finally:
+        for node in (1, 2, 3):
+            kafka_cluster.resume(node)
+    assert high_watermarks(admin, topic, [0], timeout_s=60) == {0: 0}
