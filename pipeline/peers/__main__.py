@@ -1,0 +1,5 @@
+import sys
+
+from pipeline.peers.bench import main
+
+sys.exit(main())
