@@ -198,9 +198,9 @@ def compact(spark, opts: Options, before_commit: Callable[[], None] | None = Non
 
 
 def _plan(opts: Options, p: int, candidates: list[tuple[int, Manifest]], newest_offset: int | None, low: int,
-          end: int, invalid: list[str]) -> Plan | PartitionReport:
+          end: int, invalid: list[str], newest_generation: int = 0) -> Plan | PartitionReport:
     base, base_offset, older = None, None, list(candidates)
-    newest_generation = max((m.generation for _, m in candidates), default=0)
+    newest_generation = max([newest_generation, *(m.generation for _, m in candidates)])
     while older:
         offset, manifest = older.pop(0)
         try:
@@ -247,7 +247,8 @@ def _fold_and_write(spark, opts: Options, plans: dict[int, Plan], cl_low: dict[i
                 log.warning("p%d: previous snapshot %s is not valid (%s); falling back to the one before",
                             p, plan.base.snapshot_id, info["reason"])
                 plan.invalid.append(f"{plan.base.snapshot_id}: {info['reason']}")
-                again = _plan(opts, p, plan.older, plan.newest_offset, cl_low[p], cl_end[p], plan.invalid)
+                again = _plan(opts, p, plan.older, plan.newest_offset, cl_low[p], cl_end[p], plan.invalid,
+                              plan.generation - 1)
                 if isinstance(again, Plan):
                     retry[p] = plans[p] = again
                 else:

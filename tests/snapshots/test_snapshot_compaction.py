@@ -1,0 +1,145 @@
+"""The Spark compaction job on real Kafka: its snapshots restore to exactly the fold of the changelog, it falls back
+from a damaged base, it is a no-op when nothing changed, and two runs at once publish once (rule 9)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from pipeline.offsets import low_watermarks
+from snapshots.compact import compact
+from snapshots.finder import CheckedConsumer, scan_all
+from snapshots.format import Manifest
+from tests.snapshots.helpers import Changelog, end_offsets, new_app, options, publish_snapshot, restore
+
+pytestmark = pytest.mark.spark
+PARTITIONS = 2
+KEYS = 400
+
+
+def manifests(log: Changelog, p: int) -> list[Manifest]:
+    """Every committed manifest of p, newest first."""
+    from confluent_kafka import Consumer
+
+    from snapshots.finder import stable_end_offsets
+
+    admin = AdminClient({"bootstrap.servers": log.bootstrap})
+    low = low_watermarks(admin, log.snapshots, [p], 10)[p]
+    end = stable_end_offsets(admin, log.snapshots, [p], 10)[p]
+    consumer = CheckedConsumer(Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t",
+                                         "isolation.level": "read_committed", "auto.offset.reset": "error"}))
+    try:
+        return [m for _, m in scan_all(consumer, log.snapshots, p, low, end, 30).candidates]
+    finally:
+        consumer.close()
+
+
+def assert_restores_to_the_fold(log: Changelog, tail_records: dict[int, int] | None = None) -> None:
+    for p in range(log.partitions):
+        state, job = restore(log.bootstrap, log.app_id, p, log.committed(p))
+        assert state == log.folds[p], f"p{p}"
+        if tail_records is not None:
+            assert job.records == tail_records[p], f"p{p}: read {job.records} changelog records"
+            assert job.snapshot is not None
+
+
+def test_round_trip_random_states_with_deletes(spark, kafka_admin, kafka_bootstrap):
+    log = new_app(kafka_admin, kafka_bootstrap, PARTITIONS, prefix="roundtrip")
+    rng = random.Random(11)
+    log.random_history(rng, 80, KEYS, delete_ratio=0.3)
+
+    first = compact(spark, options(log))
+    assert first.published == [0, 1], first.summary()
+    gen1 = {p: manifests(log, p)[0] for p in range(PARTITIONS)}
+    assert all(m.generation == 1 and m.entries == len(log.folds[p]) for p, m in gen1.items())
+    assert_restores_to_the_fold(log, tail_records={0: 0, 1: 0})
+
+    before = dict(log.records)
+    log.random_history(rng, 40, KEYS, delete_ratio=0.5)  # many keys deleted since generation 1
+    second = compact(spark, options(log))
+    assert second.published == [0, 1], second.summary()
+    for p in range(PARTITIONS):
+        report = second.partitions[p]
+        assert report.base_id == gen1[p].snapshot_id and report.base_entries == gen1[p].entries
+        assert report.changelog_records == log.records[p] - before[p]  # only what came after generation 1
+        assert manifests(log, p)[0].generation == 2
+    assert_restores_to_the_fold(log, tail_records={0: 0, 1: 0})
+
+    before = dict(log.records)
+    log.random_history(rng, 10, KEYS)
+    assert_restores_to_the_fold(log, tail_records={p: log.records[p] - before[p] for p in range(PARTITIONS)})
+
+
+def test_damaged_base_is_skipped_and_the_next_generation_built_on_the_previous_one(spark, kafka_admin,
+                                                                                   kafka_bootstrap):
+    log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="damagedbase")
+    rng = random.Random(5)
+    log.random_history(rng, 30, KEYS)
+    assert compact(spark, options(log)).published == [0]
+    gen1 = manifests(log, 0)[0]
+    log.random_history(rng, 20, KEYS)
+    end = end_offsets(log.bootstrap, log.topic, 1)[0]
+    broken, _ = publish_snapshot(log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0),
+                                 generation=2, damage="flip")
+    log.random_history(rng, 10, KEYS)
+
+    report = compact(spark, options(log))
+    assert report.published == [0], report.summary()
+    assert report.partitions[0].base_id == gen1.snapshot_id
+    assert broken.snapshot_id in report.partitions[0].reason
+    newest = manifests(log, 0)[0]
+    assert newest.generation == 3 and newest.previous_id == gen1.snapshot_id
+    assert_restores_to_the_fold(log, tail_records={0: 0})
+
+
+def test_two_runs_at_once_publish_once_and_a_rerun_is_a_no_op(spark, kafka_admin, kafka_bootstrap):
+    log = new_app(kafka_admin, kafka_bootstrap, PARTITIONS, prefix="concurrent")
+    log.random_history(random.Random(2), 40, KEYS)
+    inner = []
+
+    def concurrent_run() -> None:
+        # Run B starts while A holds its open publish transaction: B's init_transactions fences A.
+        inner.append(compact(spark, options(log)))
+
+    outer = compact(spark, options(log), before_commit=concurrent_run)
+    assert inner[0].published == [0, 1], inner[0].summary()
+    assert outer.published == [], outer.summary()
+    assert all("fenced by a concurrent compaction" in r.reason for r in outer.partitions.values())
+    for p in range(PARTITIONS):
+        found = manifests(log, p)
+        assert len(found) == 1  # A's manifests were aborted with its transaction
+        assert found[0].snapshot_id == inner[0].partitions[p].snapshot_id
+    ends = end_offsets(log.bootstrap, log.snapshots, PARTITIONS)
+
+    rerun = compact(spark, options(log))
+    assert rerun.published == [] and not rerun.failed
+    assert all("no new changelog records" in r.reason for r in rerun.partitions.values())
+    assert end_offsets(log.bootstrap, log.snapshots, PARTITIONS) == ends  # wrote nothing at all
+    assert_restores_to_the_fold(log, tail_records={0: 0, 1: 0})
+
+
+def test_a_run_that_finds_a_newer_manifest_after_fencing_skips(spark, kafka_admin, kafka_bootstrap):
+    """Same inputs, same snapshot id: the second run sees the first one's manifest and does not publish again."""
+    log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="recheck")
+    log.random_history(random.Random(3), 20, KEYS)
+    from snapshots import compact as job
+
+    plans = []
+    original = job._publish
+
+    def publish_after_another_run(*args, **kwargs):
+        job._publish = original
+        plans.append(compact(spark, options(log)))  # B runs start to end between A's fold and A's publish
+        return original(*args, **kwargs)
+
+    job._publish = publish_after_another_run
+    try:
+        outer = compact(spark, options(log))
+    finally:
+        job._publish = original
+    assert plans[0].published == [0]
+    assert outer.published == [] and "another compaction published" in outer.partitions[0].reason
+    assert outer.partitions[0].reason.endswith(f"its chunks {plans[0].partitions[0].snapshot_id} stay unreferenced")
+    assert len(manifests(log, 0)) == 1
