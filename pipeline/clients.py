@@ -55,6 +55,7 @@ def restore_consumer_config(settings: Settings, group_id: str) -> dict:
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "auto.offset.reset": "error",  # records deleted under a restore: an error, never a silent jump
+        "fetch.wait.max.ms": 10,  # a fetch left waiting at one partition's end delays the next assign's first fetch
         "fetch.max.bytes": 64 * 1024 * 1024,
         "max.partition.fetch.bytes": 16 * 1024 * 1024,
     }

@@ -75,6 +75,8 @@ class ChangelogRestore:
         self.skipped: list[str] = []  # snapshots found invalid, with the reason
         self.last_checkpoint: Checkpoint | None = None
         self.started = time.monotonic()
+        self.snapshot_seconds = 0.0  # finding and loading the snapshot
+        self.tail_seconds = 0.0  # reading the changelog tail
         self.phase = "scan"
         self._admin = admin
         self._request_timeout_s = request_timeout_s
@@ -83,6 +85,11 @@ class ChangelogRestore:
         self._restarts = 0
         self._consumer = make_consumer()
         self._checked = CheckedConsumer(self._consumer)
+        # Metadata of both topics up front: a topic first met at assign() waits for librdkafka's next (backed-off)
+        # metadata refresh, up to a second, before its first fetch.
+        for topic in (changelog_topic, snapshot_topic):
+            if topic is not None:
+                self._consumer.list_topics(topic, timeout=request_timeout_s)
         self._begin()
 
     # -- set-up --------------------------------------------------------------------------------------------------
@@ -191,6 +198,7 @@ class ChangelogRestore:
                         self.partition, "; ".join(self.skipped))
         self._reader = TailReader(self._checked, self.topic, {self.partition: start}, {self.partition: self.end})
         self.phase = "tail"
+        self.snapshot_seconds = time.monotonic() - self.started
 
     def _step_tail(self, budget_s: float) -> None:
         until = time.monotonic() + budget_s
@@ -198,6 +206,7 @@ class ChangelogRestore:
             self._apply(self._reader.step(timeout_s=min(0.05, budget_s)))
         if self._reader.done:
             self.phase = "done"
+            self.tail_seconds = time.monotonic() - self.started - self.snapshot_seconds
 
     # -- failures --------------------------------------------------------------------------------------------------
     def _skip_unreadable(self, offset: int, why: str) -> None:

@@ -11,12 +11,14 @@ Per partition p of `<app>-changelog`, in four stages:
    pipeline transaction. An empty range is skipped (no-op). The snapshot id is a hash of (app, p, B's id, range):
    the same inputs always give the same id.
 2. fold (Spark, executors): Spark's Kafka source reads both ranges with kafka.isolation.level=read_committed,
-   explicit startingOffsets/endingOffsets per partition and failOnDataLoss=true. Each changelog partition is one
-   Spark partition read in offset order, so `mapInArrow` folds it with dict updates (last write wins; the offset
-   order is checked, not assumed) down to at most one row per key, plus the last checkpoint. B's chunks are decoded
+   explicit startingOffsets/endingOffsets per partition and failOnDataLoss=true. Each changelog partition is read
+   as one or more Spark partitions (minPartitions = the cores), each a contiguous offset range read in offset order,
+   so `mapInArrow` folds each piece with dict updates (last write wins; the offset order is checked, not assumed)
+   down to one row per key with the offset of its last write, plus the piece's last checkpoint. B's chunks are decoded
    and CRC-checked the same way. One shuffle (`groupBy(partition).applyInArrow`) brings B's entries and p's folded
    changes together: B is verified against its manifest (all chunks, entries, checksum) -- if it is not valid, the
-   partition is planned again on the previous snapshot -- then changes are applied, tombstones dropped, keys sorted
+   partition is planned again on the previous snapshot -- then the pieces' last writes are applied in offset
+   order, tombstones dropped, keys sorted
    (so chunk boundaries and CRCs are deterministic), and the chunks are written from that executor with an
    idempotent producer. A partition's state lives in one Python worker, exactly as it does in the live pipeline.
    Writing from the executors keeps the data off the driver; a retried task writes the same chunks again, which
@@ -261,7 +263,10 @@ def _fold_and_write(spark, opts: Options, plans: dict[int, Plan], cl_low: dict[i
 
 
 def _spark_round(spark, opts: Options, plans: dict[int, Plan]) -> dict[int, tuple[str, dict]]:
-    changelog = _kafka_range(spark, opts, opts.changelog, {p: (pl.start, pl.end) for p, pl in plans.items()})
+    # minPartitions splits long changelog ranges over all cores; the fold handles pieces of a partition (each piece
+    # is read in offset order, the merge orders the pieces' last writes by offset).
+    changelog = _kafka_range(spark, opts, opts.changelog, {p: (pl.start, pl.end) for p, pl in plans.items()},
+                             min_partitions=spark.sparkContext.defaultParallelism)
     changelog = changelog.selectExpr(
         "partition", "offset", "CAST(key AS STRING) AS key", "value",
         f"COALESCE(CAST(key AS STRING) = '{CHECKPOINT_KEY.decode()}' AND "
@@ -285,7 +290,7 @@ def _spark_round(spark, opts: Options, plans: dict[int, Plan]) -> dict[int, tupl
     return {r.partition: (r.status, json.loads(r.info)) for r in results}
 
 
-def _kafka_range(spark, opts: Options, topic: str, ranges: dict[int, tuple[int, int]]):
+def _kafka_range(spark, opts: Options, topic: str, ranges: dict[int, tuple[int, int]], min_partitions: int = 0):
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", opts.bootstrap_servers)
@@ -296,6 +301,8 @@ def _kafka_range(spark, opts: Options, topic: str, ranges: dict[int, tuple[int, 
         .option("failOnDataLoss", "true")
         .option("includeHeaders", "true")
     )
+    if min_partitions > len(ranges):
+        reader = reader.option("minPartitions", str(min_partitions))
     for key, value in opts.kafka.items():
         reader = reader.option(f"kafka.{key}", value)
     return reader.load()

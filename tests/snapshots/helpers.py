@@ -121,7 +121,7 @@ def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_
     def consumer() -> Consumer:
         return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app_id}.restore",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "error"})
+                         "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
 
     job = ChangelogRestore(consumer, admin, f"{app_id}-changelog", p, state, committed, timeout_s, 10,
                            snapshot_topic=f"{app_id}-snapshots")
