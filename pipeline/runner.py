@@ -13,8 +13,6 @@ Lifecycle of partition p in this process (every transition is named by the task'
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,7 +33,7 @@ from pipeline.app import App
 from pipeline.changelog import changelog_topic
 from pipeline.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.deadletter import dead_letter_topic
-from pipeline.metrics import HealthServer, Metrics
+from pipeline.loop import PollLoop
 from pipeline.restore import ChangelogRestore, RestoreError
 from pipeline.settings import Settings
 from pipeline.task import (
@@ -57,28 +55,25 @@ class FatalRunnerError(RuntimeError):
     """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
 
 
-class Runner:
+class Runner(PollLoop):
     def __init__(self, app: App, settings: Settings, abort_hook: Callable[[int], bool] | None = None) -> None:
+        super().__init__(settings)
         self.app = app
-        self.settings = settings
         self.app_id = settings.app_id or app.name
         self.input_topic = settings.input_topic or app.input_topic
         self.output_topic = settings.output_topic or app.output_topic
         self.changelog_topic = settings.changelog_topic or changelog_topic(self.app_id)
         self.snapshot_topic = settings.snapshot_topic or snapshot_topic(self.app_id)
         self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
-        self.metrics = Metrics()
         self.tasks: dict[int, PartitionTask] = {}
         self.restores: dict[int, ChangelogRestore] = {}
         self._dropped_at: dict[int, float] = {}
-        self._stop = threading.Event()
         if abort_hook is None and settings.test_abort_every > 0:
             every = settings.test_abort_every
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self._timeout_s = settings.request_timeout_ms / 1000
         self.admin = AdminClient(client_config(settings))
-        self.consumer: Consumer | None = None
         self.ctx: TaskContext | None = None
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
         self._next_gauge_update = 0.0
@@ -109,27 +104,9 @@ class Runner:
 
     def run(self) -> None:
         s = self.settings
-        self.open()
-        health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
         log.info("%s: %s from %s to %s (%s); kafka settings %s", self.app_id, self.app.name, self.input_topic,
                  self.output_topic, s.processing_guarantee, s.redacted_kafka())
-        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        try:
-            while not self._stop.is_set():
-                self._loop_once()
-        finally:
-            self._shutdown()
-            self._commit_pool.shutdown()
-            if health:
-                health.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+        super().run()
 
     def is_ready(self) -> bool:
         return all(t.phase is Phase.RUNNING for t in self.tasks.values())
@@ -140,6 +117,7 @@ class Runner:
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
             self.consumer.close()
+        self._commit_pool.shutdown()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------

@@ -21,9 +21,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +33,7 @@ from prometheus_client import Counter
 
 from pipeline.app import App
 from pipeline.clients import consumer_config
-from pipeline.metrics import HealthServer, Metrics
+from pipeline.loop import PollLoop
 from pipeline.postgres.schema import connect_checked, connection_kwargs, describe_dsn, ensure_schema
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
@@ -56,16 +54,15 @@ class Phase(enum.Enum):
     STOPPED = "stopped"  # a poison record with on_poison=stop
 
 
-class PgRunner:
+class PgRunner(PollLoop):
     def __init__(self, app: App, settings: Settings) -> None:
         if settings.sink != "postgres":
             raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
+        super().__init__(settings)
         self.app = app
-        self.settings = settings
         self.app_id = settings.app_id or app.name
         self.input_topic = settings.input_topic or app.input_topic
         self.sink = sink_of(app)
-        self.metrics = Metrics()
         self.db_errors = Counter("pipeline_postgres_errors", "Failed database steps (take-over or batch)",
                                  ["partition"], registry=self.metrics.registry)
         self.workers: dict[int, PgWorker] = {}
@@ -73,10 +70,8 @@ class PgRunner:
         self._retry_at: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
         self._seek_to: dict[int, int] = {}  # taken over while assigned: seek there, then resume
-        self._stop = threading.Event()
         self._timeout_s = settings.request_timeout_ms / 1000
         self._next_gauge_update = 0.0
-        self.consumer: Consumer | None = None
         self.pool: psycopg_pool.ConnectionPool | None = None
         self.ctx: WorkerContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
@@ -107,28 +102,6 @@ class PgRunner:
         log.info("%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)", self.app_id, self.app.name,
                  self.input_topic, describe_dsn(s.postgres_dsn), s.postgres_schema, version)
 
-    def run(self) -> None:
-        s = self.settings
-        self.open()
-        health = HealthServer(self.metrics, self.is_ready, s.metrics_port).start() if s.metrics_port else None
-        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        try:
-            while not self._stop.is_set():
-                self._loop_once()
-        finally:
-            self._shutdown()
-            self._threads.shutdown()
-            if health:
-                health.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
-
     def is_ready(self) -> bool:
         return all(phase is Phase.RUNNING for phase in self.phases.values())
 
@@ -137,6 +110,7 @@ class PgRunner:
             self._close(p, commit=True)
         if self.consumer is not None:
             self.consumer.close()
+        self._threads.shutdown()
         if self.pool is not None:
             self.pool.close(timeout=self._timeout_s)
         log.info("%s: stopped", self.app_id)

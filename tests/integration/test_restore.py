@@ -48,9 +48,14 @@ def running(runner: Runner) -> Iterator[Runner]:
     thread.start()
     try:
         yield runner
-    finally:
+    except BaseException as failure:
         runner.stop()
         thread.join(60)
+        if errors:
+            raise failure from errors[0]  # what the runner died of is the real story
+        raise
+    runner.stop()
+    thread.join(60)
     if errors:
         raise errors[0]
 
