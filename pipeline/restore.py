@@ -180,7 +180,7 @@ class ChangelogRestore:
             self._invalid(load.manifest_offset, load.manifest, str(e))
             return
         self._load = None
-        self.state.load(entries.items())
+        self.state.load(entries)  # a dict: one C-level update
         self.snapshot_entries = len(entries)
         self._start_tail(load.manifest)
 

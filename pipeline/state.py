@@ -11,7 +11,7 @@ Two undo logs hold the value each touched key had before:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 from pipeline.serde import JSON, Serde
@@ -90,9 +90,15 @@ class PartitionState(MutableMapping[str, Any]):
         return bool(self._before_txn)
 
     # -- restore (no undo logs involved) -----------------------------------------------------------------------
-    def load(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
-        """Applies encoded entries in order; None deletes. Used by restore only."""
+    def load(self, entries: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]) -> None:
+        """Applies encoded entries in order; None deletes. Used by restore only. A mapping without deletes (a full
+        snapshot) goes in with one C-level update instead of a Python loop."""
         data = self._data
+        if isinstance(entries, Mapping):
+            if None not in entries.values():
+                data.update(entries)
+                return
+            entries = entries.items()
         for key, value in entries:
             if value is None:
                 data.pop(key, None)

@@ -2,14 +2,15 @@
 
 Chunk record: key `<snapshot id>:<index>`, header `eos.snapshot=chunk`, value = a 44-byte header then a body:
 
-    header  "<4sHH16sIIIII": magic b"EOSS", format version, header length, snapshot id (16 raw bytes), chunk index,
-            entry count n, CRC-32 of the body, key blob length (bytes), value blob length (bytes)
-    body    n uint32 key lengths (in code points of the decoded key blob), n uint32 value lengths (bytes),
-            key blob (all keys, UTF-8, concatenated), value blob (all encoded values, concatenated)
+    header  "<4sBBH16sIIIII": magic b"EOSS", format version, flags, header length, snapshot id (16 raw bytes), chunk
+            index, entry count n, CRC-32 of the body, key blob length (bytes), value blob length (bytes)
+    body    [n uint32 key lengths] [n uint32 value lengths] key blob (UTF-8) value blob
 
-Decoding a chunk is a handful of C-level operations whatever n is: two `array.frombytes`, one UTF-8 decode of the
-key blob, `itertools.accumulate` for the offsets and `map(slice)` for the pieces; no per-entry struct call. Key
-lengths are counted in code points so that the key blob is decoded once and sliced as a `str`.
+Keys and values are stored one of two ways, chosen per chunk and named by the flags: joined by NUL when none of them
+contains a NUL (keys almost never do; JSON values never do), decoded by one `str.split` / `bytes.split`; otherwise
+concatenated with a length array (key lengths in code points of the decoded key blob, so it is decoded once and
+sliced), decoded with `array.frombytes`, `itertools.accumulate` and `map(slice)`. Either way a chunk decodes in a
+handful of C-level calls whatever n is, with no per-entry struct call.
 
 Manifest record: key = snapshot id, header `eos.snapshot=manifest`, value = JSON (see `Manifest`). Its checksum is
 the CRC-32 over the chunks' CRC-32s (4 bytes little-endian each, in index order), so a reader can verify the whole
@@ -32,7 +33,10 @@ import orjson
 
 FORMAT_VERSION = 1
 MAGIC = b"EOSS"
-HEADER = struct.Struct("<4sHH16sIIIII")
+HEADER = struct.Struct("<4sBBH16sIIIII")
+KEYS_SEPARATED = 1  # flag: keys joined by NUL (no key contains one), no key length array
+VALUES_SEPARATED = 2  # flag: values joined by NUL, no value length array
+SEP, BSEP = "\x00", b"\x00"
 KIND_HEADER = "eos.snapshot"
 CHUNK_HEADER = (KIND_HEADER, b"chunk")
 MANIFEST_HEADER = (KIND_HEADER, b"manifest")
@@ -115,16 +119,32 @@ def chunk_key(sid: str, index: int) -> bytes:
 # -- encoding ------------------------------------------------------------------------------------------------------
 def encode_chunk(sid: str, index: int, keys: Sequence[str], values: Sequence[bytes]) -> tuple[bytes, int]:
     """One chunk payload and its body CRC-32."""
-    klens = array("I", map(len, keys))
-    vlens = array("I", map(len, values))
-    if _SWAP:  # pragma: no cover
-        klens.byteswap()
-        vlens.byteswap()
-    kblob = "".join(keys).encode()
-    vblob = b"".join(values)
-    body = b"".join((klens.tobytes(), vlens.tobytes(), kblob, vblob))
+    n = len(keys)
+    flags = 0
+    parts: list[bytes] = []
+    kjoined = SEP.join(keys)
+    if n and kjoined.count(SEP) == n - 1:  # no key contains NUL: separated, decoded by one split()
+        flags |= KEYS_SEPARATED
+        kblob = kjoined.encode()
+    else:
+        klens = array("I", map(len, keys))
+        if _SWAP:  # pragma: no cover
+            klens.byteswap()
+        parts.append(klens.tobytes())
+        kblob = "".join(keys).encode()
+    vjoined = BSEP.join(values)
+    if n and vjoined.count(BSEP) == n - 1:  # no value contains NUL (JSON never does)
+        flags |= VALUES_SEPARATED
+        vblob = vjoined
+    else:
+        vlens = array("I", map(len, values))
+        if _SWAP:  # pragma: no cover
+            vlens.byteswap()
+        parts.append(vlens.tobytes())
+        vblob = b"".join(values)
+    body = b"".join((*parts, kblob, vblob))
     crc = zlib.crc32(body)
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, bytes.fromhex(sid), index, len(keys), crc, len(kblob),
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, HEADER.size, bytes.fromhex(sid), index, n, crc, len(kblob),
                          len(vblob))
     return header + body, crc
 
@@ -152,7 +172,7 @@ def peek_chunk(value: bytes) -> tuple[str, int]:
     """(snapshot id, chunk index) without decoding the body."""
     if len(value) < HEADER.size or value[:4] != MAGIC:
         raise CorruptChunk("not a snapshot chunk (bad magic or too short)")
-    _, _, _, sid, index, *_ = HEADER.unpack_from(value)
+    _, _, _, _, sid, index, *_ = HEADER.unpack_from(value)
     return sid.hex(), index
 
 
@@ -160,32 +180,48 @@ def decode_chunk(value: bytes) -> tuple[str, int, list[str], list[bytes], int]:
     """(snapshot id, index, keys, values, body CRC-32); CorruptChunk if anything disagrees."""
     if len(value) < HEADER.size or value[:4] != MAGIC:
         raise CorruptChunk("not a snapshot chunk (bad magic or too short)")
-    _, version, header_len, sid, index, n, crc, klen, vlen = HEADER.unpack_from(value)
+    _, version, flags, header_len, sid, index, n, crc, klen, vlen = HEADER.unpack_from(value)
     if version != FORMAT_VERSION:
         raise CorruptChunk(f"chunk format version {version}, this reader knows {FORMAT_VERSION}")
     view = memoryview(value)
     body = view[header_len:]
-    if len(body) != 8 * n + klen + vlen:
-        raise CorruptChunk(f"chunk {index}: body is {len(body)} bytes, its header says {8 * n + klen + vlen}")
+    arrays = (0 if flags & KEYS_SEPARATED else 4 * n) + (0 if flags & VALUES_SEPARATED else 4 * n)
+    if len(body) != arrays + klen + vlen:
+        raise CorruptChunk(f"chunk {index}: body is {len(body)} bytes, its header says {arrays + klen + vlen}")
     if zlib.crc32(body) != crc:
         raise CorruptChunk(f"chunk {index}: CRC-32 mismatch")
-    klens = array("I")
-    klens.frombytes(body[: 4 * n])
-    vlens = array("I")
-    vlens.frombytes(body[4 * n : 8 * n])
+    position = header_len
+    klens = vlens = None
+    if not flags & KEYS_SEPARATED:
+        klens = array("I")
+        klens.frombytes(body[:4 * n])
+        position += 4 * n
+    if not flags & VALUES_SEPARATED:
+        vlens = array("I")
+        vlens.frombytes(body[position - header_len : position - header_len + 4 * n])
+        position += 4 * n
     if _SWAP:  # pragma: no cover
-        klens.byteswap()
-        vlens.byteswap()
-    start = header_len + 8 * n
+        for lens in (klens, vlens):
+            if lens is not None:
+                lens.byteswap()
     try:
-        kstr = value[start : start + klen].decode()
+        kstr = value[position : position + klen].decode()
     except UnicodeDecodeError as e:
         raise CorruptChunk(f"chunk {index}: keys are not UTF-8 ({e})") from e
-    vblob = value[start + klen : start + klen + vlen]
-    koffs = list(accumulate(klens, initial=0))
-    voffs = list(accumulate(vlens, initial=0))
-    if koffs[-1] != len(kstr) or voffs[-1] != vlen:
-        raise CorruptChunk(f"chunk {index}: lengths do not add up to the blobs")
-    keys = list(map(kstr.__getitem__, map(slice, koffs, islice(koffs, 1, None))))
-    values = list(map(vblob.__getitem__, map(slice, voffs, islice(voffs, 1, None))))
+    vblob = value[position + klen : position + klen + vlen]
+    keys = _pieces(kstr, SEP, klens, n)
+    values = _pieces(vblob, BSEP, vlens, n)
+    if len(keys) != n or len(values) != n:
+        raise CorruptChunk(f"chunk {index}: {len(keys)} keys and {len(values)} values, its header says {n}")
     return sid.hex(), index, keys, values, crc
+
+
+def _pieces(blob, sep, lengths: array | None, n: int) -> list:
+    if n == 0:
+        return []
+    if lengths is None:
+        return blob.split(sep)
+    offsets = list(accumulate(lengths, initial=0))
+    if offsets[-1] != len(blob):
+        raise CorruptChunk("lengths do not add up to the blob")
+    return list(map(blob.__getitem__, map(slice, offsets, islice(offsets, 1, None))))

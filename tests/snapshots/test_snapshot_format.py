@@ -44,6 +44,16 @@ def test_chunks_round_trip_any_keys_and_values_including_empty_ones():
     assert decoded == entries
 
 
+@pytest.mark.parametrize("nul_in", ["nothing", "a key", "a value", "both"])
+def test_both_layouts_round_trip(nul_in):
+    keys = ["a", "", "c\x00d" if nul_in in ("a key", "both") else "cd", "é"]
+    values = [b"1", b"", b"x\x00y" if nul_in in ("a value", "both") else b"xy", b"\xff"]
+    payload, crc = encode_chunk(SID, 0, keys, values)
+    assert payload[5] == {"nothing": 3, "a key": 2, "a value": 1, "both": 0}[nul_in]  # the layout flags
+    assert decode_chunk(payload) == (SID, 0, keys, values, crc)
+    assert decode_chunk(encode_chunk(SID, 1, [], [])[0])[2:4] == ([], [])
+
+
 def test_an_oversized_entry_gets_a_chunk_of_its_own():
     chunks = list(split_chunks([("a", b"1"), ("big", b"x" * 10_000), ("b", b"2")], chunk_bytes=1_000))
     assert [keys for keys, _ in chunks] == [["a"], ["big"], ["b"]]
@@ -55,7 +65,7 @@ def test_damaged_chunks_are_detected(damage):
     if damage == "flip-body":
         payload = payload[:-1] + bytes([payload[-1] ^ 1])
     elif damage == "flip-header-count":
-        payload = payload[:28] + (3).to_bytes(4, "little") + payload[32:]
+        payload = payload[:28] + (3).to_bytes(4, "little") + payload[32:]  # n: 3 entries, not 2
     elif damage == "truncate":
         payload = payload[:-3]
     else:
