@@ -19,8 +19,9 @@ sequential, modes interleaved per repetition; the median of `--repeat` runs is r
 Restore. For each side, one input partition is filled with `--restore-keys` records, each with its own key, and
 processed by a real process (`pipeline run` / the Quix script, both at their default commit interval) until the
 group's committed offset reaches the end; that process is then SIGKILLed. Once the broker has expired the dead
-member (so neither side waits for a session time-out), one new record is produced and the service is restarted,
-`--restore-repeat` times (the later restarts follow a clean stop of the previous one):
+member (so neither side waits for a session time-out), the sides are restarted alternately, `--restore-repeat`
+times each, one new record produced before every restart (the later restarts follow a clean stop of the previous
+one; the load average at each start is printed):
     ours  a Runner in this process; times from before Runner() to every assigned task RUNNING (restore done) and to
           the new record processed; the restore phase alone from the Runner's restore_seconds metric
     Quix  the local state dir deleted first, then the Quix script; times from before Application() to its
@@ -46,7 +47,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
@@ -265,10 +266,10 @@ def group_empty(admin: AdminClient, group: str) -> bool:
     return not description.members
 
 
-def build_state(command: list[str], admin: AdminClient, run_id: str, input_topic: str, keys: int,
-                timeout_s: float, env: Mapping[str, str] | None = None) -> float:
+def build_state(command: list[str], run_id: str, input_topic: str, keys: int, opts: Options,
+                env: Mapping[str, str] | None = None) -> float:
     """Starts the service, waits until its group committed the whole input, SIGKILLs it; seconds it took."""
-    started = time.monotonic()
+    started, admin, timeout_s = time.monotonic(), _admin(opts), 10 * opts.timeout_s
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     with open(RUN_DIR / f"{run_id}.log", "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
@@ -284,12 +285,16 @@ def build_state(command: list[str], admin: AdminClient, run_id: str, input_topic
     return time.monotonic() - started
 
 
-def prepare_restore(opts: Options, side: str, keys: int) -> tuple[str, str, str, AdminClient]:
+def _admin(opts: Options) -> AdminClient:
+    return AdminClient({"bootstrap.servers": opts.bootstrap})
+
+
+def prepare_restore(opts: Options, side: str, keys: int) -> tuple[str, str, str]:
     run_id = f"peers-restore-{side}-{uuid.uuid4().hex[:6]}"
     input_topic, output_topic = f"{run_id}-in", f"{run_id}-out"
     create_topics(opts.bootstrap, {input_topic: 1, output_topic: 1})
     produce(opts.bootstrap, input_topic, unique_key_records(keys), partitions=1, timeout_s=opts.timeout_s)
-    return run_id, input_topic, output_topic, AdminClient({"bootstrap.servers": opts.bootstrap})
+    return run_id, input_topic, output_topic
 
 
 def produce_probe(opts: Options, topic: str, n: int) -> None:
@@ -338,47 +343,72 @@ def restart_ours(opts: Options, run_id: str, input_topic: str, output_topic: str
         worker.join(bench.STOP_TIMEOUT_S)
 
 
-def restore_ours(opts: Options, keys: int, repeat: int) -> dict:
-    run_id, input_topic, output_topic, admin = prepare_restore(opts, "ours", keys)
-    try:
-        command = [sys.executable, "-m", "pipeline", "--log-level", "warning", "run",
-                   "pipeline.examples.running_totals:app", "--bootstrap-servers", opts.bootstrap, "--app-id", run_id,
-                   "--input-topic", input_topic, "--output-topic", output_topic]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-        build_s = build_state(command, admin, run_id, input_topic, keys, 10 * opts.timeout_s, env)
-        wait_until(lambda: group_empty(admin, run_id), 120, f"{run_id}: dead member expired")
-        end = high_watermarks(admin, changelog_topic(run_id), [0], opts.timeout_s)[0]
-        runs = []
-        for n in range(repeat):
-            produce_probe(opts, input_topic, n)
-            runs.append(restart_ours(opts, run_id, input_topic, output_topic))
-            print(f"restore ours: {runs[-1]}", file=sys.stderr, flush=True)
-        return {"build_s": build_s, "changelog_end": end, "runs": runs}
-    finally:
-        cleanup(opts.bootstrap, run_id)
+@dataclass
+class Side:
+    """One side of the restore comparison: its topics, group and changelog, built once, restarted `repeat` times."""
+
+    name: str
+    run_id: str
+    input_topic: str
+    output_topic: str
+    build_s: float = 0.0
+    changelog_end: int = 0
+    runs: list[dict] = field(default_factory=list)
 
 
-def restore_quix(opts: Options, keys: int, repeat: int) -> dict:
-    run_id, input_topic, output_topic, admin = prepare_restore(opts, "quix", keys)
+def build_ours(opts: Options, keys: int) -> Side:
+    side = Side("ours", *prepare_restore(opts, "ours", keys))
+    command = [sys.executable, "-m", "pipeline", "--log-level", "warning", "run",
+               "pipeline.examples.running_totals:app", "--bootstrap-servers", opts.bootstrap, "--app-id", side.run_id,
+               "--input-topic", side.input_topic, "--output-topic", side.output_topic]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    side.build_s = build_state(command, side.run_id, side.input_topic, keys, opts, env)
+    side.changelog_end = high_watermarks(_admin(opts), changelog_topic(side.run_id), [0], opts.timeout_s)[0]
+    return side
+
+
+def build_quix(opts: Options, keys: int) -> Side:
+    side = Side("quix", *prepare_restore(opts, "quix", keys))
+    command = quix_command(opts, "serve", side.run_id, side.input_topic, side.output_topic)
+    side.build_s = build_state(command, side.run_id, side.input_topic, keys, opts)
+    admin = _admin(opts)
+    changelog = next(t for t in admin.list_topics(timeout=30).topics if t.startswith(f"changelog__{side.run_id}"))
+    side.changelog_end = high_watermarks(admin, changelog, [0], opts.timeout_s)[0]
+    return side
+
+
+def restart(opts: Options, side: Side, n: int) -> None:
+    produce_probe(opts, side.input_topic, n)
+    load = os.getloadavg()[0]
+    if side.name == "ours":
+        result = restart_ours(opts, side.run_id, side.input_topic, side.output_topic)
+    else:
+        shutil.rmtree(RUN_DIR / side.run_id / "state", ignore_errors=True)
+        result = run_quix_script(quix_command(opts, "restore", side.run_id, side.input_topic, side.output_topic),
+                                 side.run_id, opts.timeout_s + 90)
+        if "error" in result:
+            raise bench.BenchError(f"Quix restore: {result['error']}")
+        began, took = result.get("recovery_began_s"), result.get("recovery_s")
+        result.update(restore_s=took, ready_s=None if began is None or took is None else began + took)
+    result["load"] = load
+    side.runs.append(result)
+    print(f"restore {side.name}: {result}", file=sys.stderr, flush=True)
+
+
+def run_restore(opts: Options, keys: int, repeat: int, sides: list[Side]) -> None:
+    """Builds both states into `sides`, waits until both killed members expired, then restarts them alternately."""
     try:
-        command = quix_command(opts, "serve", run_id, input_topic, output_topic)
-        build_s = build_state(command, admin, run_id, input_topic, keys, 10 * opts.timeout_s)
-        wait_until(lambda: group_empty(admin, run_id), 120, f"{run_id}: dead member expired")
-        changelog = next(t for t in admin.list_topics(timeout=30).topics if t.startswith(f"changelog__{run_id}"))
-        end = high_watermarks(admin, changelog, [0], opts.timeout_s)[0]
-        runs = []
-        for n in range(repeat):
-            shutil.rmtree(RUN_DIR / run_id / "state", ignore_errors=True)
-            produce_probe(opts, input_topic, n)
-            result = run_quix_script(quix_command(opts, "restore", run_id, input_topic, output_topic), run_id,
-                                     opts.timeout_s + 90)
-            if "error" in result:
-                raise bench.BenchError(f"Quix restore: {result['error']}")
-            runs.append(result)
-            print(f"restore quix: {result}", file=sys.stderr, flush=True)
-        return {"build_s": build_s, "changelog_end": end, "runs": runs}
+        sides.append(build_ours(opts, keys))
+        sides.append(build_quix(opts, keys))
+        admin = _admin(opts)
+        for side in sides:  # Quix's default session.timeout.ms is 45 s
+            wait_until(lambda s=side: group_empty(admin, s.run_id), 120, f"{side.run_id}: dead member expired")
+        for n in range(repeat):  # interleaved, so that a burst of load elsewhere hits both alike
+            for side in sides:
+                restart(opts, side, n)
     finally:
-        cleanup(opts.bootstrap, run_id)
+        for side in sides:
+            cleanup(opts.bootstrap, side.run_id)
 
 
 def _median(runs: Sequence[dict], key: str) -> str:
@@ -390,30 +420,23 @@ def _every(runs: Sequence[dict], key: str) -> str:
     return " / ".join("-" if r.get(key) is None else f"{r[key]:.2f}" for r in runs)
 
 
-def restore_table(ours: dict | None, quix: dict | None, keys: int) -> str:
-    rows = [f"| {keys:,} keys, 1 partition | changelog end offset | restore phase s (median) | every run "
-            "| start to restored s | start to new record processed s (median) | every run |",
-            "|---|---:|---:|---|---:|---:|---|"]
-    if ours:
-        runs = ours["runs"]
-        rows.append(f"| this template (in-memory state) | {ours['changelog_end']:,} | {_median(runs, 'restore_s')} "
-                    f"| {_every(runs, 'restore_s')} | {_median(runs, 'ready_s')} | "
-                    f"{_median(runs, 'first_record_s')} | {_every(runs, 'first_record_s')} |")
-    if quix:
-        runs = quix["runs"]
-        for r in runs:
-            began, took = r.get("recovery_began_s"), r.get("recovery_s")
-            r["restored_s"] = None if began is None or took is None else began + took
-        rows.append(f"| Quix Streams (RocksDB, state dir deleted) | {quix['changelog_end']:,} | "
-                    f"{_median(runs, 'recovery_s')} | {_every(runs, 'recovery_s')} | {_median(runs, 'restored_s')} | "
-                    f"{_median(runs, 'first_record_s')} | {_every(runs, 'first_record_s')} |")
-    notes = []
-    if ours:
-        notes.append(f"ours: state built in {ours['build_s']:.0f}s; restored "
-                     f"{', '.join(str(r['keys']) for r in ours['runs'])} keys from "
-                     f"{', '.join(str(r['changelog_records']) for r in ours['runs'])} changelog records")
-    if quix:
-        notes.append(f"Quix: state built in {quix['build_s']:.0f}s")
+def restore_table(sides: Sequence[Side], keys: int) -> str:
+    labels = {"ours": "this template (in-memory dict)", "quix": "Quix Streams (RocksDB; state dir deleted)"}
+    rows = [f"| {keys:,} keys, 1 partition | changelog end offset | restore s (median) | every run "
+            "| start to restored s | start to new record processed s (median) | every run | load (1 min) at start |",
+            "|---|---:|---:|---|---:|---:|---|---|"]
+    for side in sides:
+        runs = side.runs
+        loads = " / ".join(f"{r['load']:.1f}" for r in runs)
+        rows.append(f"| {labels[side.name]} | {side.changelog_end:,} | {_median(runs, 'restore_s')} | "
+                    f"{_every(runs, 'restore_s')} | {_median(runs, 'ready_s')} | {_median(runs, 'first_record_s')} | "
+                    f"{_every(runs, 'first_record_s')} | {loads} |")
+    notes = [f"{side.name}: state built in {side.build_s:.0f}s (SIGKILLed once its group had committed offset "
+             f"{keys:,})" for side in sides]
+    ours = next((side for side in sides if side.name == "ours"), None)
+    if ours and ours.runs:
+        notes.append(f"ours restored {' / '.join(str(r['keys']) for r in ours.runs)} keys from "
+                     f"{' / '.join(str(r['changelog_records']) for r in ours.runs)} changelog records")
     return "\n".join([*rows, "", *(f"- {n}" for n in notes)])
 
 
@@ -457,14 +480,13 @@ def main(argv: list[str] | None = None) -> int:
               f"_{before}; {bench.load_line('after')}_\n", flush=True)
     if not args.no_restore:
         before = bench.load_line("before")
-        ours = quix = None
+        sides: list[Side] = []
         try:
-            ours = restore_ours(opts, args.restore_keys, max(1, args.restore_repeat))
-            quix = restore_quix(opts, args.restore_keys, max(1, args.restore_repeat))
+            run_restore(opts, args.restore_keys, max(1, args.restore_repeat), sides)
         except bench.BenchError as e:
             print(f"restore failed: {e}", flush=True)
             failed = True
-        print(f"### Restore: {args.restore_keys:,} keys\n\n{restore_table(ours, quix, args.restore_keys)}\n\n"
+        print(f"### Restore: {args.restore_keys:,} keys\n\n{restore_table(sides, args.restore_keys)}\n\n"
               f"_{before}; {bench.load_line('after')}_", flush=True)
     print(f"\n(peers took {time.monotonic() - started:.0f}s)", file=sys.stderr)
     return 1 if failed else 0
