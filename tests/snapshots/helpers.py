@@ -138,8 +138,9 @@ def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, chang
                      input_offset: int | None, generation: int, damage: str | None = None,
                      chunk_bytes: int = 2_000) -> tuple[Manifest, int]:
     """Writes a snapshot of p by hand, like the job does (chunks, then the manifest in a transaction), optionally
-    damaged: "flip" garbles a byte of chunk 1, "drop" leaves chunk 1 out, "no-manifest" aborts the manifest's
-    transaction, "half" writes only the first chunks and no manifest. Returns the manifest and its offset (or -1)."""
+    damaged: "flip" garbles a byte of chunk 1, "drop" leaves chunk 1 out, "checksum" and "count" publish a manifest
+    whose checksum or entry count disagrees with good chunks, "no-manifest" aborts the manifest's transaction, "half"
+    writes only the first chunks and no manifest. Returns the manifest and its offset (or -1)."""
     sid = snapshot_id(log.app_id, p, f"hand-{generation}", 0, changelog_offset)
     chunks = [encode_chunk(sid, i, keys, values)
               for i, (keys, values) in enumerate(split_chunks(sorted(entries.items()), chunk_bytes))]
@@ -155,8 +156,8 @@ def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, chang
                       on_delivery=lambda err, msg: offsets.append(msg.offset()))
     assert plain.flush(30) == 0
     manifest = Manifest(sid, generation, p, log.topic, changelog_offset, input_offset, len(chunks),
-                        len(entries), sum(len(c) for c, _ in chunks), manifest_checksum([crc for _, crc in chunks]),
-                        min(offsets), now_iso())
+                        len(entries) + (damage == "count"), sum(len(c) for c, _ in chunks),
+                        manifest_checksum([crc for _, crc in chunks]) ^ (damage == "checksum"), min(offsets), now_iso())
     if damage == "half":
         return manifest, -1
     publisher = Producer({"bootstrap.servers": log.bootstrap, "transactional.id": f"{log.app_id}.hand"})

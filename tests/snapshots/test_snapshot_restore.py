@@ -51,7 +51,7 @@ def test_restore_uses_the_newest_snapshot_and_reads_only_the_tail(history, kafka
     assert not job.skipped
 
 
-@pytest.mark.parametrize("damage", ["flip", "drop"])
+@pytest.mark.parametrize("damage", ["flip", "drop", "checksum", "count"])
 def test_a_damaged_snapshot_falls_back_to_the_previous_one_with_a_warning(history, kafka_bootstrap, caplog, damage):
     log = history
     gen1, _ = snapshot_now(log, 1)
@@ -65,7 +65,7 @@ def test_a_damaged_snapshot_falls_back_to_the_previous_one_with_a_warning(histor
     assert state == log.folds[0]
     assert job.snapshot.snapshot_id == gen1.snapshot_id
     assert job.records == changes_since(log, before_gen1)
-    expected = "CRC-32 mismatch" if damage == "flip" else "1 of"
+    expected = {"flip": "CRC-32 mismatch", "drop": "1 of", "checksum": "checksum", "count": "the manifest says"}[damage]
     assert expected in job.skipped[0]
     assert "falling back to the previous one" in caplog.text
 
