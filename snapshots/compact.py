@@ -512,7 +512,11 @@ def _publish(opts: Options, consumer: Consumer, admin: AdminClient, plans: dict[
              reports: dict[int, PartitionReport], before_commit: Callable[[], None] | None) -> None:
     producer = Producer({**opts.client(), "transactional.id": opts.publisher_id, "enable.idempotence": True,
                          "acks": "all", "transaction.timeout.ms": int(max(opts.timeout_s, 10) * 1000)})
-    producer.init_transactions(opts.timeout_s)  # fences any other run of this app's compaction
+    try:
+        producer.init_transactions(opts.timeout_s)  # fences any other run of this app's compaction
+    except KafkaException as e:
+        raise CompactionError(f"cannot initialise the publisher {opts.publisher_id!r} within {opts.timeout_s:.0f}s "
+                              f"({e.args[0]}); the chunks written stay unreferenced, a rerun redoes them") from e
     ends = stable_end_offsets(admin, opts.snapshots, list(written), opts.timeout_s)
     lows = low_watermarks(admin, opts.snapshots, list(written), opts.timeout_s)
     manifests: dict[int, Manifest] = {}
@@ -664,7 +668,7 @@ def run(args: argparse.Namespace) -> int:
     spark = _session(args.master, opts.app_id)
     try:
         report = compact(spark, opts)
-    except CompactionError as e:
+    except (CompactionError, KafkaException, TimeoutError) as e:  # EndOffsetsTimeout is a TimeoutError
         print(f"compaction failed: {e}", file=sys.stderr)
         return 1
     print(report.summary(), flush=True)
