@@ -31,6 +31,10 @@ class PartitionState(MutableMapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return self._serde.deserialize(self._data[key])
 
+    def get(self, key: str, default: Any = None) -> Any:
+        encoded = self._data.get(key)  # Mapping.get would go through __getitem__ and a KeyError: the hot path
+        return default if encoded is None else self._serde.deserialize(encoded)
+
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str):
             raise TypeError(f"state keys must be str, not {type(key).__name__}")
