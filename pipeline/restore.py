@@ -82,7 +82,7 @@ class ChangelogRestore:
         self._request_timeout_s = request_timeout_s
         self._deadline = self.started + timeout_s
         self._next_progress = self.started + PROGRESS_EVERY_S
-        self._restarts = 0
+        self.restarts = 0
         self._consumer = make_consumer()
         self._checked = CheckedConsumer(self._consumer)
         # Metadata of both topics up front: a topic first met at assign() waits for librdkafka's next (backed-off)
@@ -108,8 +108,8 @@ class ChangelogRestore:
             self._start_tail(None)
 
     def _restart(self, why: str) -> None:
-        self._restarts += 1
-        if self._restarts > MAX_RESTARTS:
+        self.restarts += 1
+        if self.restarts > MAX_RESTARTS:
             raise RestoreError(f"p{self.partition}: records kept being deleted under the restore ({why}); gave up "
                                f"after {MAX_RESTARTS} restarts. Is a compaction job deleting too eagerly?")
         log.warning("p%d: %s; restarting the restore", self.partition, why)
@@ -155,7 +155,7 @@ class ChangelogRestore:
         if found is not None:
             offset, manifest = found
             try:
-                precheck(manifest, self.partition, self.topic, self.end)
+                precheck(manifest, self.partition, self.topic, self.end, scan.low)
             except InvalidSnapshot as e:
                 self._invalid(offset, manifest, str(e))
                 return

@@ -188,12 +188,13 @@ def compact(spark, opts: Options, before_commit: Callable[[], None] | None = Non
         snap_end = stable_end_offsets(admin, opts.snapshots, partitions, opts.timeout_s)
         for p in partitions:
             scan = scan_all(consumer, opts.snapshots, p, snap_low[p], snap_end[p], opts.timeout_s)
-            plan_or_report = _plan(opts, p, scan.candidates, scan.newest_offset, cl_low[p], cl_end[p], [])
+            plan_or_report = _plan(opts, p, scan.candidates, scan.newest_offset, cl_low[p], cl_end[p], [],
+                                   snapshot_low=snap_low[p])
             if isinstance(plan_or_report, Plan):
                 plans[p] = plan_or_report
             else:
                 reports[p] = plan_or_report
-        written = _fold_and_write(spark, opts, plans, cl_low, cl_end, reports)
+        written = _fold_and_write(spark, opts, plans, cl_low, cl_end, snap_low, reports)
         if written:
             _publish(opts, consumer, admin, plans, written, reports, before_commit)
     finally:
@@ -203,13 +204,13 @@ def compact(spark, opts: Options, before_commit: Callable[[], None] | None = Non
 
 
 def _plan(opts: Options, p: int, candidates: list[tuple[int, Manifest]], newest_offset: int | None, low: int,
-          end: int, invalid: list[str], newest_generation: int = 0) -> Plan | PartitionReport:
+          end: int, invalid: list[str], newest_generation: int = 0, snapshot_low: int = 0) -> Plan | PartitionReport:
     base, base_offset, older = None, None, list(candidates)
     newest_generation = max([newest_generation, *(m.generation for _, m in candidates)])
     while older:
         offset, manifest = older.pop(0)
         try:
-            precheck(manifest, p, opts.changelog, end)
+            precheck(manifest, p, opts.changelog, end, snapshot_low)
         except InvalidSnapshot as e:
             invalid.append(f"{manifest.snapshot_id}: {e}")
             log.warning("p%d: snapshot %s not usable as a base: %s", p, manifest.snapshot_id, e)
@@ -233,7 +234,7 @@ def _plan(opts: Options, p: int, candidates: list[tuple[int, Manifest]], newest_
 
 
 def _fold_and_write(spark, opts: Options, plans: dict[int, Plan], cl_low: dict[int, int], cl_end: dict[int, int],
-                    reports: dict[int, PartitionReport]) -> dict[int, dict]:
+                    snap_low: dict[int, int], reports: dict[int, PartitionReport]) -> dict[int, dict]:
     """Runs the Spark rounds; a partition whose base turns out invalid is planned again on the previous one."""
     written: dict[int, dict] = {}
     pending = dict(plans)
@@ -253,7 +254,7 @@ def _fold_and_write(spark, opts: Options, plans: dict[int, Plan], cl_low: dict[i
                             p, plan.base.snapshot_id, info["reason"])
                 plan.invalid.append(f"{plan.base.snapshot_id}: {info['reason']}")
                 again = _plan(opts, p, plan.older, plan.newest_offset, cl_low[p], cl_end[p], plan.invalid,
-                              plan.generation - 1)
+                              plan.generation - 1, snap_low[p])
                 if isinstance(again, Plan):
                     retry[p] = plans[p] = again
                 else:

@@ -163,7 +163,8 @@ def scan_all(consumer: Consumer, topic: str, partition: int, low: int, end: int,
     return scan
 
 
-def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog_end: int) -> None:
+def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog_end: int, snapshot_low: int = 0
+             ) -> None:
     """What a manifest must say before its chunks are worth reading."""
     if manifest.format != FORMAT_VERSION:
         raise InvalidSnapshot(f"format version {manifest.format}; this reader knows {FORMAT_VERSION}")
@@ -171,6 +172,9 @@ def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog
         raise InvalidSnapshot(f"manifest is for partition {manifest.partition}, found in partition {partition}")
     if manifest.changelog_topic != changelog_topic:
         raise InvalidSnapshot(f"manifest covers changelog {manifest.changelog_topic!r}, not {changelog_topic!r}")
+    if manifest.first_chunk_offset < snapshot_low:
+        raise InvalidSnapshot(f"its chunks from offset {manifest.first_chunk_offset} were deleted (the snapshot topic "
+                              f"starts at {snapshot_low})")
     if manifest.changelog_offset > changelog_end:
         raise InvalidSnapshot(
             f"covers changelog offset {manifest.changelog_offset}, but the changelog ends at {changelog_end} "

@@ -112,26 +112,36 @@ def options(log: Changelog, **overrides) -> Options:
     return Options(log.bootstrap, log.app_id, timeout_s=30, **overrides)
 
 
-def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
-            ) -> tuple[dict[str, bytes], ChangelogRestore]:
-    """Restores partition p like the runner does (steps of 200 ms) and returns the encoded state."""
+def restore_job(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
+                ) -> ChangelogRestore:
+    """A restore of partition p as the runner creates it (its consumer configuration included)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    state = PartitionState()
 
     def consumer() -> Consumer:
         return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app_id}.restore",
                          "isolation.level": "read_committed", "enable.auto.commit": False,
                          "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
 
-    job = ChangelogRestore(consumer, admin, f"{app_id}-changelog", p, state, committed, timeout_s, 10,
-                           snapshot_topic=f"{app_id}-snapshots")
+    return ChangelogRestore(consumer, admin, f"{app_id}-changelog", p, PartitionState(), committed, timeout_s, 10,
+                            snapshot_topic=f"{app_id}-snapshots")
+
+
+def run_to_end(job: ChangelogRestore, timeout_s: float = 60) -> dict[str, bytes]:
+    """Steps of 200 ms, like the runner's, until done; the encoded state."""
+    deadline = time.monotonic() + timeout_s
+    while not job.step(0.2):
+        assert time.monotonic() < deadline
+    return dict(job.state.encoded_items())
+
+
+def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
+            ) -> tuple[dict[str, bytes], ChangelogRestore]:
+    """Restores partition p like the runner does and returns the encoded state."""
+    job = restore_job(bootstrap, app_id, p, committed, timeout_s)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not job.step(0.2):
-            assert time.monotonic() < deadline
+        return run_to_end(job, timeout_s), job
     finally:
         job.close()
-    return dict(state.encoded_items()), job
 
 
 def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, changelog_offset: int,

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from pipeline.restore import RestoreError
-from tests.snapshots.helpers import Changelog, end_offsets, new_app, publish_snapshot, restore
+from tests.snapshots.helpers import Changelog, end_offsets, new_app, publish_snapshot, restore, restore_job, run_to_end
 
 KEYS = 300
 
@@ -175,3 +175,31 @@ def test_markers_and_aborted_transactions_at_the_ends_do_not_confuse_the_latest(
 
     state, job = restore(kafka_bootstrap, log.app_id, 2, None)
     assert state == {} and job.snapshot is None and job.records == 0
+
+
+def test_records_deleted_under_a_running_restore_make_it_start_over(history, kafka_bootstrap, kafka_admin):
+    """The compaction job may delete below the previous generation while a restore reads: the restore must notice
+    (never jump over the gap) and start over from the then newest snapshot."""
+    log = history
+    job = restore_job(kafka_bootstrap, log.app_id, 0, log.committed(0))  # bounds captured: no snapshot yet
+    try:
+        gen1, _ = snapshot_now(log, 1)
+        delete_changelog_below(log, gen1.changelog_offset, kafka_admin)  # what the job's retention would do
+        state = run_to_end(job)
+    finally:
+        job.close()
+    assert state == log.folds[0]
+    assert job.restarts == 1
+    assert job.snapshot.snapshot_id == gen1.snapshot_id and job.records == 0
+
+
+def test_a_snapshot_whose_chunks_were_deleted_is_skipped(history, kafka_bootstrap, kafka_admin, caplog):
+    log = history
+    snapshot_now(log, 1)
+    _, gen2_offset = snapshot_now(log, 2)
+    tp = TopicPartition(log.snapshots, 0, gen2_offset)  # gen2's manifest stays, its chunks go
+    kafka_admin.delete_records([tp], request_timeout=10)[tp].result(10)
+    with caplog.at_level(logging.WARNING, logger="pipeline.restore"):
+        state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
+    assert state == log.folds[0] and job.snapshot is None  # gen1 is gone too: the whole changelog
+    assert "were deleted" in job.skipped[0]
