@@ -143,3 +143,70 @@ def test_a_run_that_finds_a_newer_manifest_after_fencing_skips(spark, kafka_admi
     assert outer.published == [] and "another compaction published" in outer.partitions[0].reason
     assert outer.partitions[0].reason.endswith(f"its chunks {plans[0].partitions[0].snapshot_id} stay unreferenced")
     assert len(manifests(log, 0)) == 1
+
+
+def test_retention_keeps_two_complete_generations_and_the_changelog_since_the_older(spark, kafka_admin,
+                                                                                    kafka_bootstrap):
+    """After generation g is published on base g-1, everything below g-1 goes; g-1 stays complete, and so does the
+    changelog since it: a restore could still fall back from g to g-1."""
+    log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="retention")
+    rng = random.Random(4)
+    for _ in range(3):
+        log.random_history(rng, 15, KEYS)
+        assert compact(spark, options(log)).published == [0]
+    gen3, gen2 = manifests(log, 0)  # newest first: generation 1 is gone
+    assert [m.generation for m in (gen3, gen2)] == [3, 2]
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert low_watermarks(admin, log.snapshots, [0], 10)[0] == gen2.first_chunk_offset
+    assert low_watermarks(admin, log.topic, [0], 10)[0] == gen2.changelog_offset
+    # Falling back to generation 2 still gives exactly the fold: its chunks + the changelog since it.
+    state = load_generation(log, gen2)
+    fold_tail(log, gen2.changelog_offset, state)
+    assert state == log.folds[0]
+    assert_restores_to_the_fold(log, tail_records={0: 0})
+
+    log.random_history(rng, 5, KEYS)
+    keep = compact(spark, options(log, truncate=False))  # --keep-history: publishes, deletes nothing
+    assert keep.published == [0] and not keep.partitions[0].deleted
+    assert low_watermarks(admin, log.topic, [0], 10)[0] == gen2.changelog_offset
+
+
+def load_generation(log: Changelog, manifest: Manifest) -> dict[str, bytes]:
+    from confluent_kafka import Consumer
+
+    from snapshots.finder import ChunkLoad
+
+    consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
+                         "auto.offset.reset": "error"})
+    low = low_watermarks(AdminClient({"bootstrap.servers": log.bootstrap}), log.snapshots, [0], 10)[0]
+    offset = next(o for o, m in scan_all(CheckedConsumer(consumer), log.snapshots, 0, low,
+                                         end_offsets(log.bootstrap, log.snapshots, 1)[0], 30).candidates
+                  if m.snapshot_id == manifest.snapshot_id)
+    try:
+        load = ChunkLoad(CheckedConsumer(consumer), log.snapshots, 0, offset, manifest)
+        while not load.done:
+            load.step(1)
+        return load.finish()
+    finally:
+        consumer.close()
+
+
+def fold_tail(log: Changelog, start: int, state: dict[str, bytes]) -> None:
+    from confluent_kafka import Consumer
+
+    from pipeline.changelog import is_checkpoint
+    from pipeline.offsets import TailReader, read_to_end
+
+    consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
+                         "auto.offset.reset": "error"})
+    try:
+        end = end_offsets(log.bootstrap, log.topic, 1)[0]
+        for m in read_to_end(TailReader(consumer, log.topic, {0: start}, {0: end}), 30):
+            if is_checkpoint(m.key(), m.headers()):
+                continue
+            if m.value() is None:
+                state.pop(m.key().decode(), None)
+            else:
+                state[m.key().decode()] = m.value()
+    finally:
+        consumer.close()
