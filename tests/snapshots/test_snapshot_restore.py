@@ -160,6 +160,14 @@ def test_markers_and_aborted_transactions_at_the_ends_do_not_confuse_the_latest(
     zombie.begin_transaction()
     zombie.produce(log.snapshots, b"not a manifest", partition=0)
     zombie.commit_transaction(30)
+    # A publish in flight (a compaction that crashed mid-transaction): its open transaction keeps the last stable
+    # offset below the high watermark. Restore reads below it and does not wait for the transaction to time out.
+    crashed = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{log.app_id}.crashed",
+                        "transaction.timeout.ms": 60_000})
+    crashed.init_transactions(30)
+    crashed.begin_transaction()
+    crashed.produce(log.snapshots, b"in flight", partition=0)
+    crashed.flush(30)
     # Changelog tails: the last transactions of partitions 0 and 1 are aborted, so end-1 is an abort marker.
     for p in (0, 1):
         log.transaction(p, {"late": b"aborted"}, commit=False)
@@ -169,6 +177,8 @@ def test_markers_and_aborted_transactions_at_the_ends_do_not_confuse_the_latest(
     assert state == log.folds[0] and job.snapshot.snapshot_id == newest.snapshot_id
     assert job.records == 0  # the changelog after the snapshot holds only aborted records and markers
     assert job.snapshot_records > 8  # the first window held no manifest: the scan had to grow
+    assert job.seconds < 10  # well below the open transaction's 60 s time-out
+    crashed.abort_transaction(30)
 
     state, job = restore(kafka_bootstrap, log.app_id, 1, log.committed(1))
     assert state == log.folds[1] and job.snapshot is None and job.records == log.records[1]
