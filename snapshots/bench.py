@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=10, help="rounds of the long history (the 10x case)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--keep-topics", action="store_true", help="do not delete the apps' topics at the end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     bootstrap = args.bootstrap_servers
@@ -197,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
+    if not args.keep_topics:  # a 10x history is a gigabyte on the broker's disk
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topics = [f"{app.app_id}-{kind}" for app in apps for kind in ("changelog", "snapshots")]
+        for future in admin.delete_topics(topics, request_timeout=30).values():
+            future.result(30)
     return 0
 
 
