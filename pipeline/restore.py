@@ -83,8 +83,12 @@ class ChangelogRestore:
         self._deadline = self.started + timeout_s
         self._next_progress = self.started + PROGRESS_EVERY_S
         self.restarts = 0
+        self._make_consumer = make_consumer
         self._consumer = make_consumer()
         self._checked = CheckedConsumer(self._consumer)
+        # The changelog tail is fetched by a second consumer while the snapshot's chunks load (prefetch).
+        self._tail_consumer: Consumer | None = None
+        self._tail_reader: TailReader | None = None
         # Metadata of both topics up front: a topic first met at assign() waits for librdkafka's next (backed-off)
         # metadata refresh, up to a second, before its first fetch.
         for topic in (changelog_topic, snapshot_topic):
@@ -117,6 +121,7 @@ class ChangelogRestore:
         self.snapshot = None
         self.last_checkpoint = None
         self.state.load((key, None) for key in list(self.state))
+        self._drop_prefetch()
         self._begin()
 
     # -- the steps -----------------------------------------------------------------------------------------------
@@ -163,6 +168,7 @@ class ChangelogRestore:
                 self._refuse_truncated(manifest)
             self._load = ChunkLoad(self._checked, self.snapshot_topic, self.partition, offset, manifest)
             self.phase = "load"
+            self._prefetch(manifest.changelog_offset)
         elif scan.exhausted:
             self._start_tail(None)
 
@@ -196,7 +202,11 @@ class ChangelogRestore:
         elif self.skipped:
             log.warning("p%d: no usable full snapshot (%s); restoring from the whole changelog",
                         self.partition, "; ".join(self.skipped))
-        self._reader = TailReader(self._checked, self.topic, {self.partition: start}, {self.partition: self.end})
+        if self._tail_reader is not None and self._tail_start == start:
+            self._reader = self._tail_reader  # already fetching since the snapshot was chosen
+        else:
+            self._drop_prefetch()
+            self._reader = TailReader(self._checked, self.topic, {self.partition: start}, {self.partition: self.end})
         self.phase = "tail"
         self.snapshot_seconds = time.monotonic() - self.started
 
@@ -240,20 +250,41 @@ class ChangelogRestore:
 
     # -- the changelog tail ----------------------------------------------------------------------------------------
     def close(self) -> None:
+        self._drop_prefetch()
         self._consumer.close()
+
+    def _prefetch(self, start: int) -> None:
+        """Starts fetching the changelog tail that follows this snapshot while its chunks load."""
+        self._drop_prefetch()
+        if start >= self.end:
+            return
+        self._tail_consumer = self._make_consumer()
+        self._tail_start = start
+        self._tail_reader = TailReader(CheckedConsumer(self._tail_consumer), self.topic, {self.partition: start},
+                                       {self.partition: self.end})
+
+    def _drop_prefetch(self) -> None:
+        if self._tail_consumer is not None:
+            if self._reader is self._tail_reader:
+                self._reader = None
+            self._tail_consumer.close()
+        self._tail_consumer = self._tail_reader = None
 
     @property
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
     def _apply(self, messages: list) -> None:
-        entries = []
+        if not messages:
+            return
+        entries: list[tuple[str, bytes | None]] = []
+        append = entries.append
         for m in messages:
             key = m.key()
             if key == CHECKPOINT_KEY and is_checkpoint(key, m.headers()):
                 self.last_checkpoint = Checkpoint.decode(m.value())
             else:
-                entries.append((key.decode(), m.value()))
+                append((key.decode(), m.value()))
         self.state.load(entries)
         self.records += len(messages)
 

@@ -29,7 +29,8 @@ Finding the latest (snapshots/finder.py)
     offset 0. Every Kafka call has a time-out; a restore that does not finish says which phase and offsets stuck.
 
 Restore (pipeline/restore.py), after fencing, in steps of RESTORE_STEP_MS between polls (p stays paused)
-    snapshot (scan + load) -> changelog of p from the covered offset to its high watermark -> the last checkpoint (from
+    snapshot (scan + load; a second consumer prefetches the changelog tail meanwhile) -> changelog of p from the
+    covered offset to its high watermark -> the last checkpoint (from
     the tail, or the snapshot's input offset if the tail has none) must equal the group's committed offset of p. If
     the changelog's low watermark is above the covered offset (or above 0 without a snapshot), p refuses to start
     with a RestoreError that says what is missing and how to repair it. Metrics: pipeline_restore_snapshot_entries
