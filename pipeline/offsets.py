@@ -10,10 +10,11 @@ trust a single empty poll, always loop against a deadline, and say which partiti
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 
@@ -47,12 +48,29 @@ def watermarks(
             )
             return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
         except KafkaException as e:
-            if e.args[0].retriable() and time.monotonic() + 0.1 < deadline:
+            if _transient(e.args[0]) and time.monotonic() + 0.1 < deadline:
+                if e.args[0].code() in _LEADERSHIP_CHANGES:
+                    with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
+                        admin.list_topics(topic, timeout=remaining)
                 time.sleep(0.1)
                 continue
             raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
         except TimeoutError as e:
             raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
+
+
+# Metadata that is stale while leaders move (a broker restarting): librdkafka does not flag all of them retriable.
+_LEADERSHIP_CHANGES = {
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _transient(error: KafkaError) -> bool:
+    return error.retriable() or error.code() in _LEADERSHIP_CHANGES
 
 
 def high_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:

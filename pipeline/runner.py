@@ -34,8 +34,10 @@ from pipeline.changelog import changelog_topic
 from pipeline.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.deadletter import dead_letter_topic
 from pipeline.loop import PollLoop
+from pipeline.offsets import EndOffsetsTimeout
 from pipeline.restore import ChangelogRestore, RestoreError
 from pipeline.settings import Settings
+from pipeline.state import PartitionState
 from pipeline.task import (
     PartitionDropped,
     PartitionTask,
@@ -68,6 +70,8 @@ class Runner(PollLoop):
         self.tasks: dict[int, PartitionTask] = {}
         self.restores: dict[int, ChangelogRestore] = {}
         self._dropped_at: dict[int, float] = {}
+        self._restore_retry_at: dict[int, float] = {}
+        self._restore_failing_since: dict[int, float] = {}
         if abort_hook is None and settings.test_abort_every > 0:
             every = settings.test_abort_every
             abort_hook = lambda n: n % every == 0  # noqa: E731
@@ -122,7 +126,8 @@ class Runner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        busy = bool(self.restores) or any(t.phase is Phase.REWINDING for t in self.tasks.values())
+        rewinding = any(t.phase is Phase.REWINDING for t in self.tasks.values())
+        busy = bool(self.restores or self._restore_retry_at) or rewinding
         messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
         self._dispatch(messages)
         self._commit_due()
@@ -244,22 +249,47 @@ class Runner(PollLoop):
             raise FatalRunnerError("cannot fence " + "; ".join(failed) + " (is the transaction coordinator up?)")
 
     def _committed_offsets(self, partitions: list[int]) -> dict[int, int | None]:
+        """The group's committed offsets, retried while the coordinator moves (bounded: 3 request time-outs)."""
         tps = [TopicPartition(self.input_topic, p) for p in partitions]
-        try:
-            result = self.consumer.committed(tps, timeout=self._timeout_s)
-        except KafkaException as e:
-            raise FatalRunnerError(f"committed offsets of {partitions} not readable: {e.args[0]}") from e
-        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+        deadline = time.monotonic() + 3 * self._timeout_s
+        while True:
+            try:
+                result = self.consumer.committed(tps, timeout=self._timeout_s)
+                return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+            except KafkaException as e:
+                if time.monotonic() > deadline or e.args[0].fatal():
+                    raise FatalRunnerError(f"committed offsets of {partitions} not readable: {e.args[0]}") from e
+                log.warning("committed offsets of %s: %s; retrying", partitions, e.args[0])
+                time.sleep(0.5)
 
     def _begin_restore(self, task: PartitionTask) -> None:
         s = self.settings
-        self.restores[task.partition] = ChangelogRestore(
-            self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
-            task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s, strict=s.exactly_once,
-            snapshot_topic=self.snapshot_topic,
-        )
+        task.state = PartitionState(self.app.state_serde)  # a retried restore starts from nothing again
+        try:
+            self.restores[task.partition] = ChangelogRestore(
+                self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
+                task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s, strict=s.exactly_once,
+                snapshot_topic=self.snapshot_topic,
+            )
+        except EndOffsetsTimeout as e:
+            self._restore_later(task.partition, e)
+
+    def _restore_later(self, p: int, error: Exception) -> None:
+        """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""
+        now = time.monotonic()
+        failing_since = self._restore_failing_since.setdefault(p, now)
+        if now - failing_since > self.settings.restore_timeout_ms / 1000:
+            raise RestoreError(f"p{p}: restore kept failing for {now - failing_since:.0f}s: {error}") from error
+        log.warning("p%d: restore cannot go on yet (%s); starting it again in 1 s", p, error)
+        self._restore_retry_at[p] = now + 1.0
+        self.admin = AdminClient(client_config(self.settings))  # librdkafka may keep stale leader epochs
 
     def _advance_restores(self) -> None:
+        now = time.monotonic()
+        for p, retry_at in list(self._restore_retry_at.items()):
+            if now >= retry_at:
+                del self._restore_retry_at[p]
+                self._begin_restore(self.tasks[p])
         if not self.restores:
             return
         budget = self.settings.restore_step_ms / 1000 / len(self.restores)
@@ -269,8 +299,13 @@ class Runner(PollLoop):
             except RestoreError:
                 self._end_restore(p)
                 raise
+            except EndOffsetsTimeout as e:
+                self._end_restore(p)
+                self._restore_later(p, e)
+                continue
             if finished:
                 self._end_restore(p)
+                self._restore_failing_since.pop(p, None)
                 task = self.tasks[p]
                 task.phase = Phase.RUNNING
                 self.consumer.resume([TopicPartition(self.input_topic, p)])
@@ -304,6 +339,8 @@ class Runner(PollLoop):
     def _close_task(self, p: int, commit: bool) -> None:
         if p in self.restores:
             self._end_restore(p)
+        self._restore_retry_at.pop(p, None)
+        self._restore_failing_since.pop(p, None)
         self._dropped_at.pop(p, None)
         task = self.tasks.pop(p, None)
         if task is not None:
