@@ -4,18 +4,29 @@ is_ready() and _shutdown()."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
+from collections import defaultdict
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class FatalRunnerError(RuntimeError):
+    """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
 
 
 class PollLoop:
     consumer: Consumer | None
     input_topic: str
+    # On a lost partition (membership expired): the Kafka runner must not commit (someone else may own it);
+    # the PostgreSQL runner may try, because its epoch check decides.
+    commit_on_lost = False
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -44,6 +55,34 @@ class PollLoop:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
 
+    def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
+        """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""
+        batches: dict[int, list[Message]] = defaultdict(list)
+        for m in messages:
+            if m.error():
+                if m.error().fatal():
+                    raise FatalRunnerError(f"consumer: {m.error()}")
+                log.warning("consumer: %s", m.error())
+                continue
+            batches[m.partition()].append(m)
+        return batches
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if partitions:
+            log.info("revoked %s: committing what is open", [tp.partition for tp in partitions])
+        for tp in partitions:
+            self._close_partition(tp.partition, commit=True)
+        self.metrics.assigned.set(self._owned())
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        what = "committing what is open only if our epoch still holds" if self.commit_on_lost else \
+            "aborting what is open, committing nothing"
+        log.warning("lost %s (membership expired): %s", [tp.partition for tp in partitions], what)
+        self.metrics.lost.inc(len(partitions))
+        for tp in partitions:
+            self._close_partition(tp.partition, commit=self.commit_on_lost)
+        self.metrics.assigned.set(self._owned())
+
     # -- supplied by each runner -------------------------------------------------------------------------------------
     def open(self) -> None:
         raise NotImplementedError
@@ -60,8 +99,8 @@ class PollLoop:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         raise NotImplementedError
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _close_partition(self, p: int, commit: bool) -> None:
         raise NotImplementedError
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _owned(self) -> int:
         raise NotImplementedError

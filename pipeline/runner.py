@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,7 +32,7 @@ from pipeline.app import App
 from pipeline.changelog import changelog_topic
 from pipeline.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.deadletter import dead_letter_topic
-from pipeline.loop import PollLoop
+from pipeline.loop import FatalRunnerError, PollLoop
 from pipeline.offsets import EndOffsetsTimeout
 from pipeline.restore import ChangelogRestore, RestoreError
 from pipeline.settings import Settings
@@ -52,9 +51,6 @@ from snapshots.format import snapshot_topic
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0
 
-
-class FatalRunnerError(RuntimeError):
-    """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
 
 
 class Runner(PollLoop):
@@ -117,7 +113,7 @@ class Runner(PollLoop):
 
     def _shutdown(self) -> None:
         for p in list(self.tasks):
-            self._close_task(p, commit=True)
+            self._close_partition(p, commit=True)
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
             self.consumer.close()
@@ -149,15 +145,7 @@ class Runner(PollLoop):
                     self.metrics.lag.labels(str(p)).set(max(0, high - task.next_offset))
 
     def _dispatch(self, messages: list[Message]) -> None:
-        by_partition: dict[int, list[Message]] = defaultdict(list)
-        for m in messages:
-            if m.error():
-                if m.error().fatal():
-                    raise FatalRunnerError(f"consumer: {m.error()}")
-                log.warning("consumer: %s", m.error())
-                continue
-            by_partition[m.partition()].append(m)
-        for p, batch in by_partition.items():
+        for p, batch in self._by_partition(messages).items():
             task = self.tasks.get(p)
             if task is not None and task.phase is Phase.RUNNING:
                 self._guarded(task, task.process, batch)
@@ -321,22 +309,10 @@ class Runner(PollLoop):
         self.restores.pop(p).close()
 
     # -- revocation --------------------------------------------------------------------------------------------------
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if partitions:
-            log.info("revoked %s: committing what is open", [tp.partition for tp in partitions])
-        for tp in partitions:
-            self._close_task(tp.partition, commit=True)
-        self.metrics.assigned.set(len(self.tasks))
+    def _owned(self) -> int:
+        return len(self.tasks)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.warning("lost %s (membership expired): aborting what is open, committing nothing",
-                    [tp.partition for tp in partitions])
-        self.metrics.lost.inc(len(partitions))
-        for tp in partitions:
-            self._close_task(tp.partition, commit=False)
-        self.metrics.assigned.set(len(self.tasks))
-
-    def _close_task(self, p: int, commit: bool) -> None:
+    def _close_partition(self, p: int, commit: bool) -> None:
         if p in self.restores:
             self._end_restore(p)
         self._restore_retry_at.pop(p, None)

@@ -23,7 +23,6 @@ import logging
 import os
 import socket
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg_pool
@@ -37,7 +36,6 @@ from pipeline.loop import PollLoop
 from pipeline.postgres.schema import connect_checked, connection_kwargs, describe_dsn, ensure_schema
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
-from pipeline.runner import FatalRunnerError
 from pipeline.settings import ConfigError, Settings
 from pipeline.task import PoisonRecordStop
 from pipeline.topics import partition_counts
@@ -55,6 +53,7 @@ class Phase(enum.Enum):
 
 
 class PgRunner(PollLoop):
+    commit_on_lost = True  # the epoch check, not the group membership, decides whether a batch may commit
     def __init__(self, app: App, settings: Settings) -> None:
         if settings.sink != "postgres":
             raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
@@ -107,7 +106,7 @@ class PgRunner(PollLoop):
 
     def _shutdown(self) -> None:
         for p in list(self.workers):
-            self._close(p, commit=True)
+            self._close_partition(p, commit=True)
         if self.consumer is not None:
             self.consumer.close()
         self._threads.shutdown()
@@ -126,15 +125,7 @@ class PgRunner(PollLoop):
         self._update_gauges()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        by_partition: dict[int, list[Message]] = defaultdict(list)
-        for m in messages:
-            if m.error():
-                if m.error().fatal():
-                    raise FatalRunnerError(f"consumer: {m.error()}")
-                log.warning("consumer: %s", m.error())
-                continue
-            by_partition[m.partition()].append(m)
-        for p, batch in by_partition.items():
+        for p, batch in self._by_partition(messages).items():
             if self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
                 try:
                     self.workers[p].process(batch)
@@ -284,22 +275,10 @@ class PgRunner(PollLoop):
                  {p: self.workers[p].committed_offset for p in ps if self.phases[p] is Phase.RUNNING},
                  {p: self.workers[p].epoch for p in ps if self.phases[p] is Phase.RUNNING})
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if partitions:
-            log.info("revoked %s: committing what is open", [tp.partition for tp in partitions])
-        for tp in partitions:
-            self._close(tp.partition, commit=True)
-        self.metrics.assigned.set(len(self.workers))
+    def _owned(self) -> int:
+        return len(self.workers)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.warning("lost %s (membership expired): committing what is open only if our epoch still holds",
-                    [tp.partition for tp in partitions])
-        self.metrics.lost.inc(len(partitions))
-        for tp in partitions:
-            self._close(tp.partition, commit=True)
-        self.metrics.assigned.set(len(self.workers))
-
-    def _close(self, p: int, commit: bool) -> None:
+    def _close_partition(self, p: int, commit: bool) -> None:
         worker = self.workers.get(p)
         if worker is not None and commit and self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
             try:
