@@ -33,7 +33,7 @@ from prometheus_client import Counter
 from pipeline.app import App
 from pipeline.clients import consumer_config
 from pipeline.loop import PollLoop
-from pipeline.postgres.schema import connect_checked, connection_kwargs, describe_dsn, ensure_schema
+from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
 from pipeline.settings import ConfigError, Settings
@@ -82,14 +82,13 @@ class PgRunner(PollLoop):
             return
         s = self.settings
         admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
-        if self.input_topic not in partition_counts(admin, self._timeout_s):
+        if self.input_topic not in partition_counts(admin, self._timeout_s, needed=[self.input_topic]):
             raise ConfigError(f"INPUT_TOPIC: topic {self.input_topic!r} does not exist "
                               "(create it: pipeline topics create ...)")
         client_id = s.kafka.get("client.id", "")
         owner = f"{socket.gethostname()}:{os.getpid()}" + (f":{client_id}" if client_id else "")
         kwargs = connection_kwargs(s, f"pipeline {self.app_id} {owner}")
-        with connect_checked(s.postgres_dsn, {**kwargs, "autocommit": True}, 3 * self._timeout_s) as conn:
-            version = ensure_schema(conn, s.postgres_schema, self.sink.tables)
+        version = prepare_database(s.postgres_dsn, kwargs, s.postgres_schema, self.sink.tables, 3 * self._timeout_s)
         self.pool = psycopg_pool.ConnectionPool(
             s.postgres_dsn, min_size=1, max_size=s.postgres_pool_size, kwargs={**kwargs, "autocommit": True},
             check=psycopg_pool.ConnectionPool.check_connection, name=f"pipeline-{self.app_id}", open=False,

@@ -14,6 +14,7 @@ with a message naming every difference (never "fixed" silently: it may hold some
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pipeline.settings import ConfigError, Settings
+
+log = logging.getLogger(__name__)
 
 COMPONENT = "eos-pipeline"
 
@@ -174,6 +177,23 @@ def connect_checked(dsn: str, kwargs: dict, timeout_s: float) -> psycopg.Connect
                                          f"{timeout_s:.0f}s: {_server_message(str(e))}") from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def prepare_database(dsn: str, kwargs: dict, schema: str, tables: Sequence[Table], timeout_s: float) -> int:
+    """connect_checked + ensure_schema, started again when the server goes away half-way (a restart, a failover):
+    the migration is one transaction, so a retry sees either all of it or none. Returns the schema version."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with connect_checked(dsn, {**kwargs, "autocommit": True}, max(deadline - time.monotonic(), 1.0)) as conn:
+            try:
+                return ensure_schema(conn, schema, tables)
+            except psycopg.OperationalError as e:
+                if time.monotonic() > deadline:
+                    raise PostgresSetupError(f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
+                                             f"schema {schema!r}: {_server_message(str(e))}") from None
+                log.warning("connection lost while preparing schema %r (%s); connecting again", schema,
+                            _server_message(str(e)))
+        time.sleep(0.2)
 
 
 # -- schema --------------------------------------------------------------------------------------------------------

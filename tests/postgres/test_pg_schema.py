@@ -22,9 +22,11 @@ from pipeline.postgres.schema import (
     PostgresSetupError,
     connect_checked,
     ensure_schema,
+    prepare_database,
 )
 from pipeline.settings import ConfigError, Settings
 from tests.plugins.postgres import connect
+from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
 TABLES = TotalsSink.tables
@@ -72,6 +74,37 @@ def test_instances_starting_together_migrate_once(postgres_dsn):
     finally:
         with connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_a_connection_lost_during_the_migration_is_retried_on_a_new_one(postgres_dsn, pg_schema):
+    # Hold the migration lock so the start-up waits inside its transaction, kill that backend (what a server
+    # restart does to it), then let go: it must connect again and migrate, not end the process.
+    name = f"migrate-{uuid.uuid4().hex[:8]}"
+    lock = f"{COMPONENT}:{pg_schema}"
+    result: list[object] = []
+    with connect(postgres_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (lock,))
+        starting = threading.Thread(target=lambda: result.append(_prepare_or_error(postgres_dsn, name, pg_schema)))
+        starting.start()
+        first = eventually(lambda: _pid_waiting_for_a_lock(holder, name))
+        holder.execute("SELECT pg_terminate_backend(%s)", (first,))
+        eventually(lambda: _pid_waiting_for_a_lock(holder, name) not in (None, first))
+        holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock,))
+        starting.join(30)
+    assert result == [LATEST_VERSION]
+
+
+def _prepare_or_error(dsn: str, application_name: str, schema: str) -> object:
+    try:
+        return prepare_database(dsn, {"application_name": application_name}, schema, TABLES, 20)
+    except Exception as e:  # the assertion shows what was raised
+        return e
+
+
+def _pid_waiting_for_a_lock(conn, application_name: str) -> int | None:
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                       (application_name,)).fetchone()
+    return row[0] if row else None
 
 
 def test_a_table_that_does_not_match_stops_the_start_with_every_difference(postgres_dsn, pg_schema):
