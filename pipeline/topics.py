@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
 
 from pipeline.settings import ConfigError
 
@@ -14,12 +17,27 @@ CHANGELOG_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.poli
 SNAPSHOT_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
 
 
-def partition_counts(admin: AdminClient, timeout_s: float) -> dict[str, int]:
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as e:
-        raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s ({e.args[0]})") from e
-    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+def partition_counts(admin: AdminClient, timeout_s: float, needed: Iterable[str] = ()) -> dict[str, int]:
+    """Partition count of every topic whose metadata is complete. A `needed` topic that exists but has no leader
+    yet (just created, broker starting) is asked again until timeout_s rather than reported as missing."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            metadata = admin.list_topics(timeout=max(deadline - time.monotonic(), 0.5))
+        except KafkaException as e:
+            raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s ({e.args[0]})") from e
+        settling = [name for name in needed if _still_settling(metadata.topics.get(name))]
+        if not settling or time.monotonic() + 0.2 > deadline:
+            return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+        time.sleep(0.2)
+
+
+def _still_settling(topic: TopicMetadata | None) -> bool:
+    if topic is None:
+        return False
+    if topic.error is not None:
+        return topic.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
+    return any(p.error is not None and p.error.retriable() for p in topic.partitions.values())
 
 
 def ensure_topics(
@@ -32,7 +50,7 @@ def ensure_topics(
     timeout_s: float,
 ) -> int:
     """Checks input/output, creates missing internal topics; returns the input's partition count."""
-    counts = partition_counts(admin, timeout_s)
+    counts = partition_counts(admin, timeout_s, needed=(input_topic, output_topic, *internal))
     for setting, topic in (("INPUT_TOPIC", input_topic), ("OUTPUT_TOPIC", output_topic)):
         if topic not in counts:
             raise ConfigError(f"{setting}: topic {topic!r} does not exist (create it: pipeline topics create ...)")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support import docker_available
+from pipeline.topics import partition_counts
+from tests.support import docker_available, eventually
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
@@ -92,6 +93,8 @@ def new_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Calla
         name = f"{request.node.name[:40]}-{label}-{uuid.uuid4().hex[:8]}".replace("[", "-").replace("]", "")
         futures = (admin or kafka_admin).create_topics([NewTopic(name, partitions, replication)])
         futures[name].result(timeout=30)
+        # Created is not yet led: wait for every partition's leader so the test starts on a usable topic.
+        eventually(lambda: partition_counts(admin or kafka_admin, 10, needed=[name]).get(name) == partitions, 30)
         return name
 
     return create
