@@ -38,7 +38,7 @@ class PollLoop:
         self.open()
         port = self.settings.metrics_port
         health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
-        self.consumer.subscribe([self.input_topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+        self.consumer.subscribe([self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         try:
             while not self._stop.is_set():
@@ -66,6 +66,12 @@ class PollLoop:
                 continue
             batches[m.partition()].append(m)
         return batches
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Cooperative rebalancing often hands out nothing new. Do not ask the coordinator about "no partitions":
+        # committed([]) inside this callback was seen to time out for 30 s in a busy group, and block SIGTERM.
+        if partitions:
+            self._on_assign(consumer, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if partitions:

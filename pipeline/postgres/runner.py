@@ -255,8 +255,6 @@ class PgRunner(PollLoop):
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         ps = [tp.partition for tp in partitions]
-        if not ps:
-            return
         results = self._take_over_all(ps)
         assignment, failed = [], []
         for p, result in zip(ps, results, strict=True):
