@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
 
 from pipeline.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
@@ -40,6 +40,7 @@ from snapshots.finder import (
 from snapshots.format import Manifest
 
 log = logging.getLogger(__name__)
+CHECKPOINT_KEY_STR = CHECKPOINT_KEY.decode()
 PROGRESS_EVERY_S = 2.0
 MAX_RESTARTS = 3
 
@@ -274,18 +275,26 @@ class ChangelogRestore:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
-    def _apply(self, messages: list) -> None:
+    def _apply(self, messages: list[Message]) -> None:
         if not messages:
             return
-        entries: list[tuple[str, bytes | None]] = []
-        append = entries.append
-        for m in messages:
-            key = m.key()
-            if key == CHECKPOINT_KEY and is_checkpoint(key, m.headers()):
-                self.last_checkpoint = Checkpoint.decode(m.value())
-            else:
-                append((key.decode(), m.value()))
-        self.state.load(entries)
+        keys = list(map(Message.key, messages))
+        marks = _positions(keys, CHECKPOINT_KEY)
+        if all(is_checkpoint(CHECKPOINT_KEY, messages[i].headers()) for i in marks):
+            # The usual batch: C-level loops only. Last write per key wins, as in the changelog's order.
+            batch = dict(zip(map(bytes.decode, keys), map(Message.value, messages), strict=True))
+            if marks:
+                del batch[CHECKPOINT_KEY_STR]
+                self.last_checkpoint = Checkpoint.decode(messages[marks[-1]].value())
+            self.state.load(batch)
+        else:  # a state key spelled like the checkpoint key: sort them out record by record
+            entries: list[tuple[str, bytes | None]] = []
+            for m in messages:
+                if is_checkpoint(m.key(), m.headers()):
+                    self.last_checkpoint = Checkpoint.decode(m.value())
+                else:
+                    entries.append((m.key().decode(), m.value()))
+            self.state.load(entries)
         self.records += len(messages)
 
     def _progress(self) -> None:
@@ -324,3 +333,12 @@ class ChangelogRestore:
                 "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
                 f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."
             )
+
+
+def _positions(items: list, value: object) -> list[int]:
+    """Indexes of `value` in `items`, found by list.index (C) rather than a Python loop over every item."""
+    found, i = [], -1
+    for _ in range(items.count(value)):
+        i = items.index(value, i + 1)
+        found.append(i)
+    return found

@@ -95,14 +95,15 @@ class PartitionState(MutableMapping[str, Any]):
 
     # -- restore (no undo logs involved) -----------------------------------------------------------------------
     def load(self, entries: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]) -> None:
-        """Applies encoded entries in order; None deletes. Used by restore only. A mapping without deletes (a full
-        snapshot) goes in with one C-level update instead of a Python loop."""
+        """Applies encoded entries in order; None deletes. Used by restore only. A mapping (a snapshot's entries, or
+        a changelog batch folded to its last write per key) goes in with one C-level update."""
         data = self._data
-        if isinstance(entries, Mapping):
-            if None not in entries.values():
-                data.update(entries)
-                return
-            entries = entries.items()
+        if isinstance(entries, Mapping):  # one value per key: update all, then take out the deleted ones
+            data.update(entries)
+            if None in entries.values():
+                for key in [key for key, value in entries.items() if value is None]:
+                    del data[key]
+            return
         for key, value in entries:
             if value is None:
                 data.pop(key, None)

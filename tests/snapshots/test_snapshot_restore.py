@@ -10,6 +10,7 @@ import random
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
+from pipeline.changelog import CHECKPOINT_KEY
 from pipeline.restore import RestoreError
 from tests.snapshots.helpers import Changelog, end_offsets, new_app, publish_snapshot, restore, restore_job, run_to_end
 
@@ -213,3 +214,18 @@ def test_a_snapshot_whose_chunks_were_deleted_is_skipped(history, kafka_bootstra
         state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
     assert state == log.folds[0] and job.snapshot is None  # gen1 is gone too: the whole changelog
     assert "were deleted" in job.skipped[0]
+
+
+def test_a_state_key_spelled_like_the_checkpoint_key_is_state_not_a_checkpoint(kafka_admin, kafka_bootstrap):
+    # Restore folds a batch with C-level loops and recognises checkpoints by key and header: a user's key that
+    # happens to be the checkpoint key (no header) must land in the state, and the checkpoint must still be found.
+    log = new_app(kafka_admin, kafka_bootstrap, partitions=1, prefix="restore")
+    rng = random.Random(3)
+    log.random_history(rng, 10, KEYS)
+    log.transaction(0, {CHECKPOINT_KEY.decode(): b"a user's value", "k1": b"x"})
+    log.random_history(rng, 10, KEYS)
+
+    state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
+    assert state == log.folds[0]
+    assert state[CHECKPOINT_KEY.decode()] == b"a user's value"
+    assert job.last_checkpoint.next_input_offset == log.committed(0)
