@@ -18,8 +18,9 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
 
@@ -29,6 +30,7 @@ from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
 from pipeline.metrics import Metrics
 from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.serde import BytesSerde, Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 
@@ -116,10 +118,12 @@ class PartitionTask:
 
     # -- 4. process ---------------------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:
-        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted."""
+        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
+        identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
         app, state, partition = self.ctx.app, self.state, self.partition
-        decode_key, decode_value = app.key_serde.deserialize, app.value_serde.deserialize
-        user_process, stateful = app.process, app.stateful
+        decode_key, decode_value = _decoder(app.key_serde), _decoder(app.value_serde)
+        encode = self._encoder()
+        user_process, stateful, produce = app.process, app.stateful, self.producer.produce
         processed = produced = 0
         for msg in messages:
             if self.phase is not Phase.RUNNING:
@@ -132,15 +136,24 @@ class PartitionTask:
             if stateful:
                 state.begin_record()
             try:
-                record = Record(decode_key(msg.key()), decode_value(msg.value()), msg.topic(), partition, offset,
-                                msg.timestamp()[1], msg.headers() or ())
-                outputs = self._encode(user_process(state, record))
+                key, value = msg.key(), msg.value()
+                record = Record(key if decode_key is None else decode_key(key),
+                                value if decode_value is None else decode_value(value),
+                                msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
+                # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
+                outputs = [encode(o) for o in user_process(state, record)]
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
                 outputs = self._retry(msg, error)
             if outputs:
                 source = (SOURCE_HEADER, encode_source(partition, offset))
-                for topic, key, value, out_partition, headers in outputs:
-                    self._produce(topic, key, value, out_partition, [*headers, source] if headers else [source])
+                for topic, out_key, out_value, out_partition, headers in outputs:
+                    headers = [*headers, source] if headers else [source]
+                    try:
+                        produce(topic, out_value, out_key, partition=out_partition, headers=headers)
+                    except BufferError:
+                        self._produce(topic, out_key, out_value, out_partition, headers)
+                    except KafkaException as e:
+                        _raise_classified("produce", e)
                 produced += len(outputs)
             self.next_offset = offset + 1
             self._txn_records += 1
@@ -149,14 +162,17 @@ class PartitionTask:
         self._records_out.inc(produced)
         self.producer.poll(0)
 
-    def _encode(self, outputs: Iterable[Output]) -> list[tuple]:
+    def _encoder(self) -> Callable[[Output], tuple]:
+        """Output -> (topic, key bytes, value bytes, partition or -1, headers)."""
         app, output_topic = self.ctx.app, self.ctx.output_topic
-        encode_key, encode_value = app.output_key_serde.serialize, app.output_value_serde.serialize
-        return [
-            (o.topic or output_topic, encode_key(o.key), encode_value(o.value),
-             -1 if o.partition is None else o.partition, o.headers)
-            for o in outputs
-        ]
+        encode_key, encode_value = _encoder(app.output_key_serde), _encoder(app.output_value_serde)
+        if encode_key is None and encode_value is None:
+            return lambda o: (o.topic or output_topic, o.key, o.value, -1 if o.partition is None else o.partition,
+                              o.headers)
+        encode_key = encode_key or _identity
+        encode_value = encode_value or _identity
+        return lambda o: (o.topic or output_topic, encode_key(o.key), encode_value(o.value),
+                          -1 if o.partition is None else o.partition, o.headers)
 
     def _retry(self, msg: Message, error: Exception) -> list[tuple] | None:
         """After a failed attempt: undo, back off, try again; at the limit dead-letter (None) or stop (rule 6)."""
@@ -172,7 +188,8 @@ class PartitionTask:
             try:
                 record = Record(app.key_serde.deserialize(msg.key()), app.value_serde.deserialize(msg.value()),
                                 msg.topic(), self.partition, msg.offset(), msg.timestamp()[1], msg.headers() or ())
-                return self._encode(app.process(self.state, record))
+                encode = self._encoder()
+                return [encode(o) for o in app.process(self.state, record)]
             except Exception as again:
                 error = again
         return None
@@ -315,3 +332,16 @@ def _raise_classified(operation: str, exc: KafkaException) -> None:
     if error is not None and classify(error) is Action.ABORT:
         raise TransactionAborted(f"{operation}: {error}") from exc
     raise PartitionDropped(f"{operation}: {error or exc}") from exc
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _decoder(serde: Serde) -> Callable[[bytes | None], Any] | None:
+    """The serde's deserialize, or None when it passes bytes through (saves a call per record)."""
+    return None if isinstance(serde, BytesSerde) else serde.deserialize
+
+
+def _encoder(serde: Serde) -> Callable[[Any], bytes | None] | None:
+    return None if isinstance(serde, BytesSerde) else serde.serialize
