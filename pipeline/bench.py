@@ -18,6 +18,7 @@ the first record processed to the last one, and prints the top functions by cumu
     pipeline bench                      # whole matrix + profile (~4 min on 2 cores)
     pipeline bench --quick              # fewer records: a smoke run
     pipeline bench --only copier,100ms,eos,raw --records 50000
+    pipeline bench --overhead           # the framework's cost per record without a broker (seconds, stable)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass, replace
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from pipeline import overhead
 from pipeline import settings as settings_module
 from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
@@ -473,6 +475,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-profile", action="store_true", help="skip the profile pass")
     parser.add_argument("--profile-only", action="store_true", help="only the profile pass")
     parser.add_argument("--top", type=int, default=15, help="functions listed by the profile (default 15)")
+    parser.add_argument("--overhead", action="store_true",
+                        help="only the framework's cost per record, without a broker (pipeline/overhead.py)")
     parser.add_argument("--log-level", default="warning")
     return parser
 
@@ -518,6 +522,12 @@ def run_matrix(cells: Sequence[Cell], modes: Sequence[str], bootstrap: str, time
     return results
 
 
+def overhead_table(results: Sequence[overhead.Overhead]) -> str:
+    lines = ["| workload | records | framework cost per record (best of 5, no broker) |", "|---|---:|---:|"]
+    lines += [f"| {r.app} | {r.records:,} | {r.us_per_record:.2f} us |" for r in results]
+    return "\n".join(lines)
+
+
 def median(results: Sequence[Result]) -> Result:
     """The run with the median rate (the lower one of an even count), knowing the rates of all runs."""
     ok = sorted((r for r in results if r.rate is not None), key=lambda r: r.rate or 0.0)
@@ -534,6 +544,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chosen = parse_only(args.only)
+    if args.overhead:
+        print(overhead_table([overhead.measure(WORKLOADS[w], args.records or 100_000) for w in WORKLOADS
+                              if w in chosen["workload"]]))
+        return 0
     started = time.monotonic()
     failed = False
     if not args.profile_only:
