@@ -61,12 +61,7 @@ def ensure_topics(
         if name not in counts
     ]
     if missing:
-        for name, future in admin.create_topics(missing, request_timeout=timeout_s).items():
-            try:
-                future.result(timeout_s)
-            except KafkaException as e:
-                if e.args[0].code() != e.args[0].TOPIC_ALREADY_EXISTS:  # another instance won the race
-                    raise ConfigError(f"cannot create internal topic {name!r}: {e.args[0]}") from e
+        _create(admin, missing, timeout_s)
     for name in internal:
         if name in counts and counts[name] != partitions:
             raise ConfigError(
@@ -74,3 +69,26 @@ def ensure_topics(
                 "partition p of both must belong together; recreate it with the input's partition count"
             )
     return partitions
+
+
+def _create(admin: AdminClient, topics: list[NewTopic], timeout_s: float) -> None:
+    """Creates the topics; a retriable failure (controller moving or still starting) is retried until timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(topics)
+    while pending:
+        futures = admin.create_topics(pending, request_timeout=max(deadline - time.monotonic(), 1.0))
+        retry = []
+        for topic in pending:
+            try:
+                futures[topic.topic].result(timeout_s)
+            except KafkaException as e:
+                error = e.args[0]
+                if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # another instance won the race
+                    continue
+                if (error.retriable() or error.code() == KafkaError._TIMED_OUT) and time.monotonic() < deadline:
+                    retry.append(topic)
+                    continue
+                raise ConfigError(f"cannot create internal topic {topic.topic!r}: {error}") from e
+        pending = retry
+        if pending:
+            time.sleep(0.5)

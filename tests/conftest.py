@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.topics import partition_counts
@@ -75,9 +76,23 @@ def kafka_cluster() -> Iterator[LocalCluster]:
         pytest.skip("fault switches need the local cluster script; an external cluster cannot be killed from here")
     was_running = _is_running("--cluster")
     _kafka_sh("--cluster", "start")
-    yield LocalCluster(_kafka_sh("--cluster", "bootstrap"))
+    cluster = LocalCluster(_kafka_sh("--cluster", "bootstrap"))
+    # "Started" is not yet "can create a topic replicated 3 times": wait for the controller and all three brokers.
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    eventually(lambda: _probe_topic(admin), 60, 0.5)
+    yield cluster
     if not was_running and os.environ.get("KEEP_KAFKA") != "1":
         _kafka_sh("--cluster", "stop")
+
+
+def _probe_topic(admin: AdminClient) -> bool:
+    name = "cluster-ready-probe"
+    try:
+        admin.create_topics([NewTopic(name, 1, 3)], request_timeout=5)[name].result(10)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+    return partition_counts(admin, 5, needed=[name]).get(name) == 1
 
 
 @pytest.fixture(scope="session")
