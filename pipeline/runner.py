@@ -113,6 +113,8 @@ class Runner(PollLoop):
 
     def _shutdown(self) -> None:
         for p in list(self.tasks):
+            if self.settings.snapshot_on_shutdown:
+                self._snapshot(self.tasks[p])
             self._close_partition(p, commit=True)
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
@@ -296,6 +298,7 @@ class Runner(PollLoop):
                 self._restore_failing_since.pop(p, None)
                 task = self.tasks[p]
                 task.phase = Phase.RUNNING
+                task.snapshot_base, task.changelog_end = restore.snapshot, restore.end
                 self.consumer.resume([TopicPartition(self.input_topic, p)])
                 self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
                 self.metrics.restore_records.labels(str(p)).inc(restore.records)
@@ -304,6 +307,16 @@ class Runner(PollLoop):
                          len(task.state), restore.snapshot_entries,
                          restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
                          restore.seconds)
+
+    def _snapshot(self, task: PartitionTask) -> None:
+        """Commits what is open, then publishes the state as a full snapshot (SNAPSHOT_ON_SHUTDOWN)."""
+        self._guarded(task, task.commit)
+        started = time.monotonic()
+        manifest = task.write_snapshot(self.snapshot_topic)
+        if manifest is not None:
+            log.info("p%d: snapshot %s published on shutdown: %d entries in %d chunks, covers changelog < %d and "
+                     "input < %s (%.2fs)", task.partition, manifest.snapshot_id, manifest.entries, manifest.chunks,
+                     manifest.changelog_offset, manifest.input_offset, time.monotonic() - started)
 
     def _end_restore(self, p: int) -> None:
         self.restores.pop(p).close()

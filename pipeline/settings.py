@@ -35,6 +35,7 @@ class Settings:
     dead_letter_topic: str = ""  # default: <app_id>-dlq
     changelog_topic: str = ""  # default: <app_id>-changelog
     snapshot_topic: str = ""  # default: <app_id>-snapshots (full snapshots, written by `snapshots compact`)
+    snapshot_on_shutdown: bool = False  # on a clean stop, also publish each partition's state as a full snapshot
     processing_guarantee: str = EXACTLY_ONCE
     commit_interval_ms: int = 100
     commit_max_records: int = 10_000
@@ -148,6 +149,14 @@ def _field_types() -> dict[str, type]:
 
 def _coerce(name: str, raw: Any) -> Any:
     kind = _field_types()[name]
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).strip().lower() in ("true", "1", "yes", "on"):
+            return True
+        if str(raw).strip().lower() in ("false", "0", "no", "off", ""):
+            return False
+        raise ConfigError(f"{name.upper()} must be true or false, not {raw!r}")
     if kind is int:
         if isinstance(raw, (bool, float)) or not isinstance(raw, (int, str)):
             raise ConfigError(f"{name.upper()} must be an integer, not {raw!r}")

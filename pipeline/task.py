@@ -33,6 +33,8 @@ from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.serde import BytesSerde, Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
+from snapshots.format import Manifest
+from snapshots.writer import write_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,12 @@ class PartitionTask:
         self._txn_records = 0
         self._txn_count = 0
         self._timeout_s = s.request_timeout_ms / 1000
+        # For a snapshot on shutdown: what the state is a fold of. Set by the runner when the restore ends, then
+        # moved past each committed transaction's checkpoint (its offset comes from the delivery report).
+        self.snapshot_base: Manifest | None = None
+        self.changelog_end: int | None = None
+        self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
+        self._committed_txn = 0
         self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
         self._records_out = ctx.metrics.records_out.labels(self.label)
         self._processing_errors = ctx.metrics.processing_errors.labels(self.label)
@@ -204,11 +212,11 @@ class PartitionTask:
         self.ctx.metrics.dead_letters.inc()
         log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
 
-    def _produce(self, topic: str, key, value, partition: int, headers: list) -> None:
+    def _produce(self, topic: str, key, value, partition: int, headers: list, **kwargs) -> None:
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""
         while True:
             try:
-                self.producer.produce(topic, value, key, partition=partition, headers=headers)
+                self.producer.produce(topic, value, key, partition=partition, headers=headers, **kwargs)
                 return
             except BufferError:
                 self.producer.poll(0.05)  # local queue full: let deliveries drain
@@ -247,6 +255,7 @@ class PartitionTask:
             self.ctx.consumer.commit(offsets=offsets, asynchronous=False)
         self.state.commit()
         self.committed_offset = self.next_offset
+        self._committed_txn = self._txn_count
         self._in_transaction = False
         self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
         self.ctx.metrics.transactions.labels(self.label, "committed").inc()
@@ -258,7 +267,14 @@ class PartitionTask:
         for key, value in self.state.changes():
             self._produce(topic, key.encode(), value, p, [])
         checkpoint = Checkpoint(self.ctx.input_topic, p, self.next_offset)
-        self._produce(topic, CHECKPOINT_KEY, checkpoint.encode(), p, [CHECKPOINT_HEADER])
+        self._produce(topic, CHECKPOINT_KEY, checkpoint.encode(), p, [CHECKPOINT_HEADER],
+                      on_delivery=self._checkpoint_delivered(self._txn_count + 1))
+
+    def _checkpoint_delivered(self, txn: int) -> Callable:
+        def delivered(error, message) -> None:
+            if error is None:
+                self._checkpoint_at = (txn, message.offset())
+        return delivered
 
     def _call(self, method: Callable, *args) -> None:
         """Calls a transactional producer method, retrying while its outcome is unknown (rule 5)."""
@@ -296,6 +312,40 @@ class PartitionTask:
             return False
         self.phase = Phase.RUNNING
         return True
+
+    # -- 6b. snapshot on clean shutdown (optional) -----------------------------------------------------------------
+    def write_snapshot(self, snapshot_topic: str) -> Manifest | None:
+        """Publishes p's committed state as a full snapshot, in its own transaction on p's producer (a fenced owner
+        publishes nothing). None when there is nothing new since the snapshot p was restored from, or when it is
+        not known exactly which changelog offset the state covers."""
+        if not (self.ctx.app.stateful and self.ctx.settings.exactly_once) or self.phase is not Phase.RUNNING \
+                or self._in_transaction or not len(self.state):
+            return None
+        self.producer.flush(self._timeout_s)  # serves the last checkpoint's delivery report
+        if self._committed_txn:
+            if self._checkpoint_at is None or self._checkpoint_at[0] != self._committed_txn:
+                log.warning("p%d: no snapshot on shutdown: the last checkpoint's offset is unknown", self.partition)
+                return None
+            self.changelog_end = self._checkpoint_at[1] + 1
+        base = self.snapshot_base
+        if self.changelog_end is None or self.changelog_end <= (base.changelog_offset if base else 0):
+            return None
+        self._call(self.producer.begin_transaction)
+        try:
+            manifest = write_snapshot(
+                self.producer, app_id=self.ctx.app_id, snapshot_topic=snapshot_topic,
+                changelog_topic=self.ctx.changelog_topic, partition=self.partition, entries=self.state.encoded_items(),
+                changelog_offset=self.changelog_end, input_offset=self.committed_offset, base=base,
+                timeout_s=self._timeout_s,
+            )
+            self._call(self.producer.commit_transaction, self._timeout_s)
+        except KafkaException as e:
+            log.warning("p%d: snapshot on shutdown not published: %s", self.partition, e)
+            with contextlib.suppress(KafkaException):
+                self.producer.abort_transaction(self._timeout_s)
+            return None
+        self.snapshot_base = manifest
+        return manifest
 
     # -- 7. close -----------------------------------------------------------------------------------------------------
     def close(self, commit: bool) -> None:

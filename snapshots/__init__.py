@@ -46,6 +46,15 @@ Compaction (snapshots/compact.py): `snapshots compact --bootstrap-servers ... --
     is a hash of (app, partition, base id, changelog range): a rerun with no new changelog records is a no-op, and
     two runs with the same inputs produce the same id. A damaged base is skipped for the previous one.
 
+Snapshot on shutdown (SNAPSHOT_ON_SHUTDOWN=true, snapshots/writer.py)
+    On a clean stop the runner commits what is open, then writes p's state (chunks + manifest) in one more
+    transaction of p's own producer, so a fenced owner publishes nothing. It covers the changelog below its last
+    committed checkpoint's offset + 1 (known from that record's delivery report; without it, or with nothing new
+    since the snapshot p was restored from, no snapshot is written) and the input below the committed offset. A
+    compaction planned before it sees a newer manifest when it publishes and skips p; the next compaction uses it as
+    its base. Its generation is its base's + 1, so a racing compaction may carry the same number: snapshots are
+    ordered by their place in the topic, never by generation.
+
 Retention: who deletes what, and why it is safe
     Both internal topics are created with retention.ms=-1 and retention.bytes=-1: Kafka never deletes from them by
     time or size, because a gap would make restore impossible. Deletion is done only by the compaction job, with

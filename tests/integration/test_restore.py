@@ -164,3 +164,23 @@ class BlockingRestoreRunner(Runner):
 def test_blocking_restore_loses_the_membership(kafka_bootstrap, slow_restore):
     runner = restore_a_long_changelog(kafka_bootstrap, BlockingRestoreRunner, lambda r: r.metrics.lost._value.get())
     assert runner.metrics.lost._value.get() >= 1
+
+
+def test_snapshot_on_shutdown_makes_the_next_restore_read_no_changelog(kafka_bootstrap, caplog):
+    app, app_id = fresh_app(kafka_bootstrap, partitions=2)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 3_000, partitions=2, seed=5)
+    with caplog.at_level("INFO", logger="pipeline.runner"), \
+            running(make_runner(app, app_id, kafka_bootstrap, snapshot_on_shutdown=True)):
+        assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 2, 60)
+    assert caplog.text.count("published on shutdown") == 2, caplog.text
+
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 1_000, partitions=2, seed=6)
+    runner = make_runner(app, app_id, kafka_bootstrap)
+    with running(runner):
+        assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 2, 60)
+    for p in ("0", "1"):
+        assert runner.metrics.restore_snapshot_entries.labels(p)._value.get() > 0
+        assert runner.metrics.restore_records.labels(p)._value.get() == 0  # the snapshot covers the whole changelog
+    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
+                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    assert verdict.ok, verdict.summary()  # the state the outputs continued from was the committed one

@@ -197,3 +197,10 @@ def test_redacted_kafka_hides_secrets_and_keeps_the_rest() -> None:
     }
     assert "hunter2" not in repr(redacted) and "s3cret" not in repr(redacted)
     assert s.kafka["sasl.password"] == "hunter2"  # the clients still get the real value
+
+
+def test_a_boolean_setting_takes_the_usual_spellings_and_names_itself_when_wrong():
+    assert load(env={"PIPELINE_SNAPSHOT_ON_SHUTDOWN": "true"}).snapshot_on_shutdown is True
+    assert load(env={"PIPELINE_SNAPSHOT_ON_SHUTDOWN": "0"}).snapshot_on_shutdown is False
+    with pytest.raises(ConfigError, match="SNAPSHOT_ON_SHUTDOWN must be true or false, not 'maybe'"):
+        load(env={"PIPELINE_SNAPSHOT_ON_SHUTDOWN": "maybe"})
