@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import signal
 import time
 
@@ -53,7 +54,8 @@ def test_sigkill_at_random_moments(fault_run):
 
 
 def test_sigterm_commits_or_aborts_and_exits_cleanly(fault_run):
-    run = fault_run()
+    # With snapshots on shutdown: every stop publishes full snapshots that the next owners restore from.
+    run = fault_run(snapshot_on_shutdown="true")
     run.feed(totals_input(20_000, seed=2), seconds=8)
     fleet = run.start(2)
     exit_codes = []
@@ -64,6 +66,9 @@ def test_sigterm_commits_or_aborts_and_exits_cleanly(fault_run):
     outcome = run.finish()
     assert exit_codes == [0, 0, 0], fleet.logs()
     assert_exactly_once(outcome)
+    logs = "\n".join(i.log_path.read_text(errors="replace") for i in fleet.instances)
+    assert "published on shutdown" in logs, fleet.logs()
+    assert re.search(r"restored: \d+ keys from [1-9]\d* snapshot entries", logs), fleet.logs()
 
 
 def test_zombie_paused_past_session_timeout_commits_nothing(fault_run):
