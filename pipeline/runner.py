@@ -220,6 +220,9 @@ class Runner(PollLoop):
                 [TopicPartition(self.input_topic, p, OFFSET_INVALID if committed[p] is None else committed[p])
                  for p in partitions]
             )
+        # Paused since a drop (fenced), and librdkafka keeps a pause across unassign/assign: without this a stateless
+        # partition dropped and then lost or re-taken stayed paused for good (seen in a chaos zombie run).
+        self.consumer.resume([TopicPartition(self.input_topic, p) for p in partitions])
         for task in tasks:
             self.tasks[task.partition] = task
             task.start(committed[task.partition])

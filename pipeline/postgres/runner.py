@@ -265,6 +265,8 @@ class PgRunner(PollLoop):
                 self.phases[p] = Phase.RUNNING
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
         consumer.incremental_assign(assignment)
+        # A pause survives unassign/assign in librdkafka: a partition paused before it was lost stays paused.
+        consumer.resume([TopicPartition(self.input_topic, p) for p in ps if self.phases.get(p) is Phase.RUNNING])
         for p, error in failed:
             self._failed(p, error)
         self.metrics.assigned.set(len(self.workers))
