@@ -10,11 +10,12 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.offsets import low_watermarks
+from pipeline.offsets import high_watermarks, low_watermarks
 from snapshots.compact import compact
 from snapshots.finder import CheckedConsumer, scan_all
 from snapshots.format import Manifest
 from tests.snapshots.helpers import Changelog, end_offsets, new_app, options, publish_snapshot, restore
+from tests.support import eventually
 
 pytestmark = pytest.mark.spark
 PARTITIONS = 2
@@ -29,7 +30,14 @@ def manifests(log: Changelog, p: int) -> list[Manifest]:
 
     admin = AdminClient({"bootstrap.servers": log.bootstrap})
     low = low_watermarks(admin, log.snapshots, [p], 10)[p]
-    end = stable_end_offsets(admin, log.snapshots, [p], 10)[p]
+    # commit_transaction returns before the coordinator has written the markers: until it has, the last stable
+    # offset stays below a manifest just published. Nothing else writes here, so wait for LSO == high watermark.
+
+    def settled() -> tuple[int] | None:
+        lso = stable_end_offsets(admin, log.snapshots, [p], 10)[p]
+        return (lso,) if lso == high_watermarks(admin, log.snapshots, [p], 10)[p] else None
+
+    (end,) = eventually(settled, 10)
     consumer = CheckedConsumer(Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t",
                                          "isolation.level": "read_committed", "auto.offset.reset": "error"}))
     try:
