@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from confluent_kafka import Producer
+
 from pipeline.settings import Settings
+
+
+def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> None:
+    """produce(), waiting while the producer's local queue is full (BufferError) for deliveries to drain it."""
+    while True:
+        try:
+            producer.produce(topic, value, key, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
 
 
 def client_config(settings: Settings) -> dict:

@@ -26,6 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from pipeline.app import App, Output, Record
 from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.clients import produce_waiting
 from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
 from pipeline.metrics import Metrics
@@ -214,14 +215,10 @@ class PartitionTask:
 
     def _produce(self, topic: str, key, value, partition: int, headers: list, **kwargs) -> None:
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""
-        while True:
-            try:
-                self.producer.produce(topic, value, key, partition=partition, headers=headers, **kwargs)
-                return
-            except BufferError:
-                self.producer.poll(0.05)  # local queue full: let deliveries drain
-            except KafkaException as e:
-                _raise_classified("produce", e)
+        try:
+            produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
+        except KafkaException as e:
+            _raise_classified("produce", e)
 
     def _begin(self) -> None:
         if self.ctx.settings.exactly_once:

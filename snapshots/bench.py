@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.clients import produce_waiting
 from pipeline.restore import ChangelogRestore
 from pipeline.state import PartitionState
 from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
@@ -64,12 +65,7 @@ def write(bootstrap: str, app: App, changes, total: int) -> None:
     in_txn = 0
     producer.begin_transaction()
     for key, value in changes:
-        while True:
-            try:
-                producer.produce(topic, value, key, partition=0)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_waiting(producer, topic, value, key, partition=0)
         in_txn += 1
         if in_txn == TXN_RECORDS:
             app.next_input += in_txn

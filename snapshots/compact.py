@@ -53,6 +53,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.changelog import CHECKPOINT_KEY, changelog_topic
+from pipeline.clients import produce_waiting
 from pipeline.errors import is_fenced, kafka_error
 from pipeline.offsets import low_watermarks
 from pipeline.topics import SNAPSHOT_CONFIG
@@ -487,13 +488,8 @@ def _merge_and_write(specs: dict[int, dict], producer_config: dict, topic: str, 
             payload, crc = encode_chunk(sid, index, keys, values)
             chunk_crcs.append(crc)
             total_bytes += len(payload)
-            while True:
-                try:
-                    producer.produce(topic, payload, chunk_key(sid, index), partition=p, headers=[CHUNK_HEADER],
-                                     on_delivery=lambda e, m, i=index: on_delivery(e, m, i))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce_waiting(producer, topic, payload, chunk_key(sid, index), partition=p, headers=[CHUNK_HEADER],
+                            on_delivery=lambda e, m, i=index: on_delivery(e, m, i))
             producer.poll(0)
         remaining = producer.flush(producer_config["message.timeout.ms"] / 1000 + 5)
         if remaining or failures or len(delivered) != len(chunk_crcs):

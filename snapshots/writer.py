@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaException, Producer
 
+from pipeline.clients import produce_waiting
 from snapshots.format import (
     CHUNK_HEADER,
     DEFAULT_CHUNK_BYTES,
@@ -47,7 +48,8 @@ def write_snapshot(producer: Producer, *, app_id: str, snapshot_topic: str, chan
     crcs, count, size = [], 0, 0
     for index, (keys, values) in enumerate(split_chunks(sorted(entries), chunk_bytes)):
         payload, crc = encode_chunk(sid, index, keys, values)
-        _produce(producer, snapshot_topic, payload, chunk_key(sid, index), p, CHUNK_HEADER, delivered)
+        produce_waiting(producer, snapshot_topic, payload, chunk_key(sid, index), partition=p, headers=[CHUNK_HEADER],
+                        on_delivery=delivered)
         crcs.append(crc)
         count += len(keys)
         size += len(payload)
@@ -62,14 +64,6 @@ def write_snapshot(producer: Producer, *, app_id: str, snapshot_topic: str, chan
         first_chunk_offset=first_offset[0],
         created_at=now_iso(), previous_id=base.snapshot_id if base else None,
     )
-    _produce(producer, snapshot_topic, manifest.encode(), sid.encode(), p, MANIFEST_HEADER, None)
+    produce_waiting(producer, snapshot_topic, manifest.encode(), sid.encode(), partition=p, headers=[MANIFEST_HEADER])
     return manifest
 
-
-def _produce(producer: Producer, topic: str, value: bytes, key: bytes, p: int, header, on_delivery) -> None:
-    while True:
-        try:
-            producer.produce(topic, value, key, partition=p, headers=[header], on_delivery=on_delivery)
-            return
-        except BufferError:
-            producer.poll(0.05)

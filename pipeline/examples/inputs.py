@@ -23,6 +23,8 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from pipeline.clients import produce_waiting
+
 ProducedRecord = tuple[int, bytes, bytes]  # (partition, key, value)
 
 
@@ -194,10 +196,5 @@ def produce(
 
 
 def _produce_one(producer: Producer, topic: str, partition: int, key: bytes, value: bytes, on_delivery: Any) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
-            producer.poll(0)
-            return
-        except BufferError:  # the local queue is full: let deliveries drain it
-            producer.poll(0.05)
+    produce_waiting(producer, topic, value, key, partition=partition, on_delivery=on_delivery)
+    producer.poll(0)
