@@ -110,6 +110,7 @@ class PartitionTask:
         self.changelog_end: int | None = None
         self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
         self._committed_txn = 0
+        self._encode = self._encoder()  # Output -> produce arguments, built once
         self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
         self._records_out = ctx.metrics.records_out.labels(self.label)
         self._processing_errors = ctx.metrics.processing_errors.labels(self.label)
@@ -131,7 +132,7 @@ class PartitionTask:
         identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
         app, state, partition = self.ctx.app, self.state, self.partition
         decode_key, decode_value = _decoder(app.key_serde), _decoder(app.value_serde)
-        encode = self._encoder()
+        encode = self._encode
         user_process, stateful, produce = app.process, app.stateful, self.producer.produce
         processed = produced = 0
         for msg in messages:
@@ -197,8 +198,7 @@ class PartitionTask:
             try:
                 record = Record(app.key_serde.deserialize(msg.key()), app.value_serde.deserialize(msg.value()),
                                 msg.topic(), self.partition, msg.offset(), msg.timestamp()[1], msg.headers() or ())
-                encode = self._encoder()
-                return [encode(o) for o in app.process(self.state, record)]
+                return [self._encode(o) for o in app.process(self.state, record)]
             except Exception as again:
                 error = again
         return None
