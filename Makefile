@@ -9,7 +9,7 @@ setup:
 
 demo: setup
 	deploy/local/kafka.sh start
-	$(PY) -m pipeline.demo
+	$(PY) -m tools.demo
 
 test: setup
 	.venv/bin/ruff check .

@@ -13,9 +13,14 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    delegated = {"verify": "pipeline.checker", "bench": "pipeline.bench", "chaos": "pipeline.chaos",
-                 "snapshots": "snapshots.cli"}
-    if argv[:1] and argv[0] in delegated:  # commands with their own argument parsers
+    if argv[:1] == ["bench"]:
+        print("benchmarks are not installed with the package: from a checkout, run `python -m tools.bench "
+              f"{' '.join(argv[1:])}`".rstrip() + " (BENCHMARKS.md)", file=sys.stderr)
+        return 2
+    # Commands with their own argument parsers. The compaction job (snapshots) is a separate package that depends on
+    # this one, so it is named here, never imported at the top.
+    delegated = {"verify": "pipeline.testing.checker", "chaos": "pipeline.testing.chaos", "snapshots": "snapshots.cli"}
+    if argv[:1] and argv[0] in delegated:
         import importlib
 
         logging.basicConfig(level="WARNING", format=LOG_FORMAT)
@@ -47,7 +52,6 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
     commands.add_parser("chaos", help="fault runs against your service: pipeline chaos MODULE:ATTR --help")
-    commands.add_parser("bench", help="throughput: raw loop vs at_least_once vs exactly_once")
 
     topics = commands.add_parser("topics", help="create input/output topics: NAME:PARTITIONS ...")
     topics.add_argument("action", choices=["create"])

@@ -29,14 +29,16 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
-from pipeline.changelog import changelog_topic
-from pipeline.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.deadletter import dead_letter_topic
+from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.kafka.offsets import EndOffsetsTimeout
+from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.loop import FatalRunnerError, PollLoop
-from pipeline.offsets import EndOffsetsTimeout
-from pipeline.restore import ChangelogRestore, RestoreError
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
+from pipeline.state.changelog import changelog_topic
+from pipeline.state.restore import ChangelogRestore, RestoreError
+from pipeline.state.snapshot_format import snapshot_topic
 from pipeline.task import (
     PartitionDropped,
     PartitionTask,
@@ -45,8 +47,6 @@ from pipeline.task import (
     TaskContext,
     TransactionAborted,
 )
-from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
-from snapshots.format import snapshot_topic
 
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0

@@ -2,7 +2,7 @@
 
     fence()            init_transactions() on transactional.id(p): aborts any zombie transaction, fences the zombie
     start(committed)   the group's committed offset, read after fencing, becomes the position
-    restore            (pipeline/restore.py) rebuilds p's state; p stays paused meanwhile
+    restore            (pipeline/state/restore.py) rebuilds p's state; p stays paused meanwhile
     process(records)   decode -> process -> produce outputs, all inside one open transaction
     commit()           state changes + checkpoint to the changelog, offsets to the transaction, commit
     abort_and_rewind() abort, undo state to the last commit, seek back to the committed offset
@@ -25,17 +25,17 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
 
 from pipeline.app import App, Output, Record
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.clients import produce_waiting
 from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
+from pipeline.kafka.clients import produce_waiting
 from pipeline.metrics import Metrics
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.serde import BytesSerde, Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
-from snapshots.format import Manifest
-from snapshots.writer import write_snapshot
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.snapshot_format import Manifest
+from pipeline.state.snapshot_writer import write_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -5,11 +5,11 @@ them, restore = the latest complete snapshot of p + the changelog since the offs
 state size plus the tail since the last compaction.
 
 Topics (both created by the runner at start-up, with the input's partition count; partition p belongs to input p)
-    <app>-changelog   p's state changes and per transaction a checkpoint (pipeline/changelog.py), written by the
+    <app>-changelog   p's state changes and per transaction a checkpoint (pipeline/state/changelog.py), written by the
                       pipeline inside its transactions
     <app>-snapshots   full snapshots of p, written only by the compaction job (`snapshots compact`)
 
-Format (snapshots/format.py, version 1)
+Format (pipeline/state/snapshot_format.py, version 1)
     A snapshot of p is a run of chunk records followed by ONE manifest record, both in partition p. A chunk holds up
     to 512 KiB of raw entries (state key -> encoded state value, opaque bytes) as length arrays + blobs, decoded with a
     few C-level calls per chunk, CRC-32 per chunk; the producer compresses batches (lz4). The manifest (JSON) holds the
@@ -19,7 +19,7 @@ Format (snapshots/format.py, version 1)
     A snapshot without a committed manifest does not exist. Chunks are written first with an idempotent producer;
     manifests go last, in one transaction.
 
-Finding the latest (snapshots/finder.py)
+Finding the latest (pipeline/state/snapshot_finder.py)
     The snapshot topic's p is scanned back from its last stable offset in growing windows (8, 32, 128, ...), each
     read with read_committed until the consumer's position reaches the window's end: markers, aborted chunks and
     aborted manifests occupy offsets and are stepped over, never "end - 1", never one poll. The newest manifest's
@@ -28,7 +28,7 @@ Finding the latest (snapshots/finder.py)
     skipped with a warning and the previous one is tried; with none left, the base is the empty state at changelog
     offset 0. Every Kafka call has a time-out; a restore that does not finish says which phase and offsets stuck.
 
-Restore (pipeline/restore.py), after fencing, in steps of RESTORE_STEP_MS between polls (p stays paused)
+Restore (pipeline/state/restore.py), after fencing, in steps of RESTORE_STEP_MS between polls (p stays paused)
     snapshot (scan + load; a second consumer prefetches the changelog tail meanwhile) -> changelog of p from the
     covered offset to its high watermark -> the last checkpoint (from
     the tail, or the snapshot's input offset if the tail has none) must equal the group's committed offset of p. If
@@ -46,7 +46,7 @@ Compaction (snapshots/compact.py): `snapshots compact --bootstrap-servers ... --
     is a hash of (app, partition, base id, changelog range): a rerun with no new changelog records is a no-op, and
     two runs with the same inputs produce the same id. A damaged base is skipped for the previous one.
 
-Snapshot on shutdown (SNAPSHOT_ON_SHUTDOWN=true, snapshots/writer.py)
+Snapshot on shutdown (SNAPSHOT_ON_SHUTDOWN=true, pipeline/state/snapshot_writer.py)
     On a clean stop the runner commits what is open, then writes p's state (chunks + manifest) in one more
     transaction of p's own producer, so a fenced owner publishes nothing. It covers the changelog below its last
     committed checkpoint's offset + 1 (known from that record's delivery report; without it, or with nothing new
@@ -72,5 +72,5 @@ Retention: who deletes what, and why it is safe
 
 Scheduling (deploy/compaction/): a Kubernetes CronJob running spark-submit, a cron line, an Airflow DAG. The job is
 safe at any time while the pipeline runs; the pipeline needs no restart (its next restore of p uses the newest
-snapshot). Benchmarks: `python -m snapshots.bench` (BENCHMARKS.md).
+snapshot). Benchmarks: `python -m tools.bench.snapshots` (BENCHMARKS.md).
 """

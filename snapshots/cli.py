@@ -13,7 +13,7 @@ import sys
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from snapshots.format import snapshot_topic
+from pipeline.state.snapshot_format import snapshot_topic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from pipeline.offsets import low_watermarks
-    from snapshots.finder import CheckedConsumer, scan_all, stable_end_offsets
+    from pipeline.kafka.offsets import CheckedConsumer, low_watermarks, stable_end_offsets
+    from pipeline.state.snapshot_finder import scan_all
 
     topic = args.snapshot_topic or snapshot_topic(args.app_id)
     admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})

@@ -52,13 +52,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.changelog import CHECKPOINT_KEY, changelog_topic
-from pipeline.clients import produce_waiting
 from pipeline.errors import is_fenced, kafka_error
-from pipeline.offsets import low_watermarks
-from pipeline.topics import SNAPSHOT_CONFIG
-from snapshots.finder import CheckedConsumer, InvalidSnapshot, ManifestScan, precheck, scan_all, stable_end_offsets
-from snapshots.format import (
+from pipeline.kafka.clients import produce_waiting
+from pipeline.kafka.offsets import CheckedConsumer, low_watermarks, stable_end_offsets
+from pipeline.kafka.topics import SNAPSHOT_CONFIG
+from pipeline.state.changelog import CHECKPOINT_KEY, changelog_topic
+from pipeline.state.snapshot_finder import InvalidSnapshot, ManifestScan, precheck, scan_all
+from pipeline.state.snapshot_format import (
     DEFAULT_CHUNK_BYTES,
     MANIFEST_HEADER,
     Manifest,
@@ -341,7 +341,7 @@ def _fold_changelog(batches: Iterator) -> Iterator:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.changelog import Checkpoint
+    from pipeline.state.changelog import Checkpoint
 
     folds: dict[int, tuple[dict, dict, dict]] = {}
     for batch in batches:
@@ -393,7 +393,7 @@ def _decoder(ids: dict[int, str]) -> Callable:
     def decode(batches: Iterator) -> Iterator:
         import pyarrow as pa
 
-        from snapshots.format import CorruptChunk, decode_chunk, peek_chunk
+        from pipeline.state.snapshot_format import CorruptChunk, decode_chunk, peek_chunk
 
         for batch in batches:
             cols = batch.to_pydict()
@@ -425,7 +425,13 @@ def _merge_and_write(specs: dict[int, dict], producer_config: dict, topic: str, 
         import pyarrow.compute as pc
         from confluent_kafka import Producer
 
-        from snapshots.format import CHUNK_HEADER, chunk_key, encode_chunk, manifest_checksum, split_chunks
+        from pipeline.state.snapshot_format import (
+            CHUNK_HEADER,
+            chunk_key,
+            encode_chunk,
+            manifest_checksum,
+            split_chunks,
+        )
 
         p = table.column("partition")[0].as_py()
         spec = specs[p]

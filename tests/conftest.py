@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.topics import partition_counts
+from pipeline.kafka.topics import partition_counts
 from tests.support import docker_available, eventually
 
 REPO = Path(__file__).resolve().parent.parent

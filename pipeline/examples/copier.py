@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.app import App, Output, Record, State
-from pipeline.examples.inputs import copier_records
 from pipeline.serde import BYTES
+from pipeline.testing.inputs import copier_records
 
 
 def process(state: State, record: Record) -> Iterable[Output]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipeline.app import App, Output, Record, State
-from pipeline.examples.inputs import running_totals_records
+from pipeline.testing.inputs import running_totals_records
 
 
 def process(state: State, record: Record) -> Iterable[Output]:

@@ -31,14 +31,14 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
-from pipeline.clients import consumer_config
+from pipeline.kafka.clients import consumer_config
+from pipeline.kafka.topics import partition_counts
 from pipeline.loop import PollLoop
 from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
 from pipeline.settings import ConfigError, Settings
 from pipeline.task import PoisonRecordStop
-from pipeline.topics import partition_counts
 
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0  # after our epoch check failed: take p over again only if the group still gives it to us

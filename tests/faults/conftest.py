@@ -1,4 +1,5 @@
-"""Fault runs (pipeline.chaos.FaultRun): fresh topics, paced input, real pipeline processes, the checker's verdict."""
+"""Fault runs (pipeline.testing.chaos.FaultRun): fresh topics, paced input, real pipeline processes, the checker's
+verdict."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.chaos import FaultRun, Outcome
 from pipeline.loading import load_app
+from pipeline.testing.chaos import FaultRun, Outcome
 
 PARTITIONS = 3
 

@@ -9,12 +9,12 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pipeline.chaos import FaultRun
-from pipeline.examples import inputs
 from pipeline.examples.running_totals import app as totals
-from pipeline.offsets import EndOffsetsTimeout, high_watermarks
+from pipeline.kafka.offsets import EndOffsetsTimeout, high_watermarks
+from pipeline.kafka.topics import partition_counts
 from pipeline.settings import ConfigError
-from pipeline.topics import partition_counts
+from pipeline.testing import inputs
+from pipeline.testing.chaos import FaultRun
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 
 pytestmark = pytest.mark.cluster

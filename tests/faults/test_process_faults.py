@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pipeline.examples import inputs
-from pipeline.harness import committed_offsets, group_owners
+from pipeline.testing import inputs
+from pipeline.testing.harness import committed_offsets, group_owners
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.support import eventually
 

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.offsets import TailReader, high_watermarks, read_to_end
+from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
 
 pytestmark = pytest.mark.cluster
 

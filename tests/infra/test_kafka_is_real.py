@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from pipeline.offsets import TailReader, high_watermarks, read_to_end
+from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
 from tests.support import eventually
 
 

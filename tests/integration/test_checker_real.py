@@ -15,13 +15,13 @@ from confluent_kafka.admin import AdminClient
 from support import eventually
 
 from pipeline.app import App
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.checker import KafkaRecord, Verdict, drain_topic, main, observe, observer_subset_of_final, verify
 from pipeline.deadletter import DeadLetter
 from pipeline.examples import running_totals
-from pipeline.examples.inputs import create_topics, produce_running_totals
-from pipeline.offsets import ReadToEndTimeout
+from pipeline.kafka.offsets import ReadToEndTimeout
 from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.testing.checker import KafkaRecord, Verdict, drain_topic, main, observe, observer_subset_of_final, verify
+from pipeline.testing.inputs import create_topics, produce_running_totals
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,11 +10,10 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline import checker, settings
-from pipeline.examples import inputs
 from pipeline.examples.running_totals import app as totals
 from pipeline.runner import Runner
 from pipeline.task import PartitionDropped, PartitionTask, Phase
+from pipeline.testing import checker, inputs, settings
 from tests.support import eventually
 
 

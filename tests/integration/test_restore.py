@@ -13,13 +13,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline import checker, settings
-from pipeline.examples import inputs
 from pipeline.examples.running_totals import app as totals
-from pipeline.harness import wait_caught_up
-from pipeline.offsets import TailReader
-from pipeline.restore import RestoreError
+from pipeline.kafka.offsets import TailReader
 from pipeline.runner import Runner
+from pipeline.state.restore import RestoreError
+from pipeline.testing import checker, inputs, settings
+from pipeline.testing.harness import wait_caught_up
 from tests.support import eventually
 
 

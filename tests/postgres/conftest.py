@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.chaos import produce_paced
-from pipeline.checker import Verdict
-from pipeline.examples import inputs
-from pipeline.harness import Fleet
 from pipeline.loading import load_app
 from pipeline.postgres import checker
 from pipeline.postgres.sink import Target
+from pipeline.testing import inputs
+from pipeline.testing.chaos import produce_paced
+from pipeline.testing.checker import Verdict
+from pipeline.testing.harness import Fleet
 
 PARTITIONS = 3
 TOTALS_PG = "pipeline.examples.running_totals_pg:app"

@@ -8,11 +8,11 @@ from dataclasses import replace
 import orjson
 
 from pipeline.app import Output
-from pipeline.checker import KafkaRecord, TopicDump
 from pipeline.deadletter import DeadLetter
 from pipeline.examples.running_totals_pg import app
-from pipeline.postgres.checker import TableRun, check_tables
 from pipeline.postgres.sink import StoredOutput
+from pipeline.testing.checker import KafkaRecord, TopicDump
+from pipeline.testing.postgres_checker import TableRun, check_tables
 
 TOPIC = "in"
 

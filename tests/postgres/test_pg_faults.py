@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline.harness import group_owners
+from pipeline.testing.harness import group_owners
 from tests.plugins.postgres import _postgres_sh, connect
 from tests.postgres.conftest import TOTALS_PG, assert_exactly_once, totals_input
 from tests.support import eventually

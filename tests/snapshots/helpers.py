@@ -10,13 +10,12 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.offsets import high_watermarks
-from pipeline.restore import ChangelogRestore
+from pipeline.kafka.offsets import high_watermarks
+from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
 from pipeline.state import PartitionState
-from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
-from snapshots.compact import Options
-from snapshots.format import (
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.restore import ChangelogRestore
+from pipeline.state.snapshot_format import (
     CHUNK_HEADER,
     MANIFEST_HEADER,
     Manifest,
@@ -27,6 +26,7 @@ from snapshots.format import (
     snapshot_id,
     split_chunks,
 )
+from snapshots.compact import Options
 
 INPUT = "input-topic"
 

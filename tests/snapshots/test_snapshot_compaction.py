@@ -10,10 +10,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.offsets import high_watermarks, low_watermarks
+from pipeline.kafka.offsets import CheckedConsumer, high_watermarks, low_watermarks
+from pipeline.state.snapshot_finder import scan_all
+from pipeline.state.snapshot_format import Manifest
 from snapshots.compact import compact
-from snapshots.finder import CheckedConsumer, scan_all
-from snapshots.format import Manifest
 from tests.snapshots.helpers import Changelog, end_offsets, new_app, options, publish_snapshot, restore
 from tests.support import eventually
 
@@ -26,7 +26,7 @@ def manifests(log: Changelog, p: int) -> list[Manifest]:
     """Every committed manifest of p, newest first."""
     from confluent_kafka import Consumer
 
-    from snapshots.finder import stable_end_offsets
+    from pipeline.kafka.offsets import stable_end_offsets
 
     admin = AdminClient({"bootstrap.servers": log.bootstrap})
     low = low_watermarks(admin, log.snapshots, [p], 10)[p]
@@ -184,7 +184,7 @@ def test_retention_keeps_two_complete_generations_and_the_changelog_since_the_ol
 def load_generation(log: Changelog, manifest: Manifest) -> dict[str, bytes]:
     from confluent_kafka import Consumer
 
-    from snapshots.finder import ChunkLoad
+    from pipeline.state.snapshot_finder import ChunkLoad
 
     consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
                          "auto.offset.reset": "error"})
@@ -204,8 +204,8 @@ def load_generation(log: Changelog, manifest: Manifest) -> dict[str, bytes]:
 def fold_tail(log: Changelog, start: int, state: dict[str, bytes]) -> None:
     from confluent_kafka import Consumer
 
-    from pipeline.changelog import is_checkpoint
-    from pipeline.offsets import TailReader, read_to_end
+    from pipeline.kafka.offsets import TailReader, read_to_end
+    from pipeline.state.changelog import is_checkpoint
 
     consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
                          "auto.offset.reset": "error"})

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from snapshots.format import (
+from pipeline.state.snapshot_format import (
     HEADER,
     CorruptChunk,
     Manifest,

@@ -12,10 +12,9 @@ import uuid
 
 import pytest
 
-from pipeline import checker
-from pipeline.examples import inputs
 from pipeline.examples.running_totals import app as totals
-from pipeline.harness import Fleet, wait_caught_up
+from pipeline.testing import checker, inputs
+from pipeline.testing.harness import Fleet, wait_caught_up
 from snapshots.compact import Options, compact
 from tests.snapshots.helpers import end_offsets
 from tests.support import eventually

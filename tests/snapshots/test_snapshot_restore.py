@@ -10,8 +10,8 @@ import random
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from pipeline.changelog import CHECKPOINT_KEY
-from pipeline.restore import RestoreError
+from pipeline.state.changelog import CHECKPOINT_KEY
+from pipeline.state.restore import RestoreError
 from tests.snapshots.helpers import Changelog, end_offsets, new_app, publish_snapshot, restore, restore_job, run_to_end
 
 KEYS = 300
@@ -61,7 +61,7 @@ def test_a_damaged_snapshot_falls_back_to_the_previous_one_with_a_warning(histor
     snapshot_now(log, 2, damage=damage)
     log.random_history(random.Random(9), 10, KEYS)
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.restore"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.state.restore"):
         state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
     assert state == log.folds[0]
     assert job.snapshot.snapshot_id == gen1.snapshot_id
@@ -78,7 +78,7 @@ def test_chunks_without_a_committed_manifest_are_no_snapshot(history, kafka_boot
     log.random_history(random.Random(8), 20, KEYS)
     snapshot_now(log, 2, damage=damage)  # chunks written, manifest aborted or never written
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.restore"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.state.restore"):
         state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
     assert state == log.folds[0]
     assert job.snapshot.snapshot_id == gen1.snapshot_id
@@ -89,7 +89,7 @@ def test_chunks_without_a_committed_manifest_are_no_snapshot(history, kafka_boot
 def test_only_snapshot_damaged_falls_back_to_the_whole_changelog(history, kafka_bootstrap, caplog):
     log = history
     snapshot_now(log, 1, damage="flip")
-    with caplog.at_level(logging.WARNING, logger="pipeline.restore"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.state.restore"):
         state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
     assert state == log.folds[0]
     assert job.snapshot is None and job.records == log.records[0]
@@ -210,7 +210,7 @@ def test_a_snapshot_whose_chunks_were_deleted_is_skipped(history, kafka_bootstra
     _, gen2_offset = snapshot_now(log, 2)
     tp = TopicPartition(log.snapshots, 0, gen2_offset)  # gen2's manifest stays, its chunks go
     kafka_admin.delete_records([tp], request_timeout=10)[tp].result(10)
-    with caplog.at_level(logging.WARNING, logger="pipeline.restore"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.state.restore"):
         state, job = restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
     assert state == log.folds[0] and job.snapshot is None  # gen1 is gone too: the whole changelog
     assert "were deleted" in job.skipped[0]

@@ -11,8 +11,12 @@ import orjson
 import pytest
 
 from pipeline.app import App, Output
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.checker import (
+from pipeline.deadletter import DeadLetter
+from pipeline.examples import copier, running_totals
+from pipeline.loading import load_app
+from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.testing.checker import (
     SAMPLE_LIMIT,
     Findings,
     KafkaRecord,
@@ -23,11 +27,7 @@ from pipeline.checker import (
     fold_reference,
     observer_subset_of_final,
 )
-from pipeline.deadletter import DeadLetter
-from pipeline.examples import copier, running_totals
-from pipeline.examples.inputs import copier_records, running_totals_records
-from pipeline.loading import load_app
-from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.testing.inputs import copier_records, running_totals_records
 
 IN, OUT = "in", "out"
 TOTALS = running_totals.app

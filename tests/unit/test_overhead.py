@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import overhead
 from pipeline.examples import copier, running_totals
+from tools.bench import overhead
 
 
 @pytest.mark.parametrize("app", [copier.app, running_totals.app], ids=["copier", "running_totals"])

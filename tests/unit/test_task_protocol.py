@@ -16,11 +16,11 @@ from confluent_kafka import KafkaError, KafkaException
 
 import pipeline.task as task_module
 from pipeline.app import App, Output
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.metrics import Metrics
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.task import (
     PartitionDropped,
     PartitionTask,
@@ -182,7 +182,7 @@ class Harness:
         task = PartitionTask(self.ctx, P)
         task.fence()
         task.start(committed)
-        task.phase = Phase.RUNNING  # restore is pipeline/restore.py's business
+        task.phase = Phase.RUNNING  # restore is pipeline/state/restore.py's business
         self.calls.clear()
         return task
 

@@ -10,8 +10,8 @@ interval is long (2 s) so that batches are cut by size. The rate is taken over t
 moment 10% of the records are committed to the moment 90% are, so start-up (group join, fencing) and the last
 partial batches do not count. Committed = the sum over partitions of the next offset the runner committed.
 
-    python -m pipeline.postgres.bench --dsn postgresql://pipeline:pipeline@127.0.0.1:55432/pipeline
-    python -m pipeline.postgres.bench --records 30000 --batches 100 --modes pg
+    python -m tools.bench.postgres --dsn postgresql://pipeline:pipeline@127.0.0.1:55432/pipeline
+    python -m tools.bench.postgres --records 30000 --batches 100 --modes pg
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from pipeline.examples import running_totals, running_totals_pg
-from pipeline.examples.inputs import create_topics, produce_running_totals
 from pipeline.metrics import Metrics
 from pipeline.postgres.runner import PgRunner
 from pipeline.runner import Runner
 from pipeline.settings import Settings
+from pipeline.testing.inputs import create_topics, produce_running_totals
 
 PARTITIONS = 3
 DEFAULT_DSN = "postgresql://pipeline:pipeline@127.0.0.1:55432/pipeline"
@@ -119,7 +119,7 @@ def measure(mode: str, batch: int, total: int, committed: Callable[[], int], met
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.postgres.bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.postgres", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--dsn", default=os.environ.get("POSTGRES_DSN", DEFAULT_DSN))
     parser.add_argument("--records", type=int, default=60_000)

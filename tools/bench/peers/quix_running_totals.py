@@ -1,11 +1,12 @@
-"""Running totals in Quix Streams with processing_guarantee="exactly-once": the peer side of `python -m pipeline.peers`.
+"""Running totals in Quix Streams with processing_guarantee="exactly-once": the peer side of
+`python -m tools.bench.peers`.
 
 Runs in its own venv (.venv-quix: quixstreams 3.28.1 needs confluent-kafka < 2.13) as a plain script, so it imports
 nothing of `pipeline`. The logic is pipeline/examples/running_totals.py: per account key, [count, sum] in a stateful
 `apply` (Quix's RocksDB store, changelogged), output {"id", "count", "sum"} to the output topic under the same key.
 
 Modes (one JSON line on stdout at the end; Quix's own logs go to stderr):
-    bench    process --records input records, measured like `pipeline bench` measures the Runner: a sampler thread
+    bench    process --records input records, measured as `python -m tools.bench` measures the Runner: a sampler thread
              reads the count of processed records (Quix's on_message_processed callback) every 5 ms, from the first
              sample that sees progress until the count reaches --records; start-up, group join and the final
              commit are excluded. Then app.stop(): Quix commits its last checkpoint and exits.
@@ -88,7 +89,7 @@ def build(args: argparse.Namespace, progress: Progress) -> Application:
 
 
 def measure(app: Application, progress: Progress, total: int, timeout_s: float, result: dict) -> None:
-    """pipeline/bench.py's measure(), on Quix's processed count."""
+    """tools/bench/throughput.py's measure(), on Quix's processed count."""
     deadline = time.monotonic() + timeout_s
     first: tuple[float, int] | None = None
     try:

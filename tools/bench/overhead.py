@@ -2,7 +2,7 @@
 producer that drops everything. Stable to a few per cent where broker runs on a shared 2-core machine vary by ±30 %,
 so it is the number to compare before and after a change to the hot path.
 
-    pipeline bench --overhead            # best of 5 passes over 100k records, per example app
+    python -m tools.bench --overhead            # best of 5 passes over 100k records, per example app
 """
 
 from __future__ import annotations

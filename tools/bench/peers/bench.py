@@ -1,17 +1,17 @@
-"""`python -m pipeline.peers`: running totals in this template vs Quix Streams (exactly-once), one broker, one run.
+"""`python -m tools.bench.peers`: running totals in this template vs Quix Streams (exactly-once), one broker, one run.
 
 Throughput. Every run gets fresh topics (input 3 partitions, output 3 partitions) filled with the same records
-(`--records` running-totals records of 100 B, 50 accounts, pipeline/examples/inputs.py), then one of:
-    raw          pipeline/bench.py's raw loop: consume, produce the same record to the same partition, async offset
-                 commit every 100 ms; no state, no transactions. The physical limit of one Python process.
-    ours-100ms   the Runner, exactly_once, COMMIT_INTERVAL_MS=100 (our default), in-process like `pipeline bench`
+(`--records` running-totals records of 100 B, 50 accounts, pipeline/testing/inputs.py), then one of:
+    raw          the raw loop of tools/bench/throughput.py: consume, produce the same record to the same partition,
+                 async offset commit every 100 ms; no state, no transactions. The physical limit of one Python process.
+    ours-100ms   the Runner, exactly_once, COMMIT_INTERVAL_MS=100 (our default), in-process like `python -m tools.bench`
     ours-1s      the same at 1000 ms
     quix-default Quix Streams 3.28.1, processing_guarantee="exactly-once", commit_interval at its default (5 s)
     quix-100ms   the same at commit_interval=0.1
     quix-1s      the same at commit_interval=1.0
 Quix runs as a subprocess from its own venv (`--quix-python`, default .venv-quix/bin/python: quixstreams needs
-confluent-kafka < 2.13, this package pins 2.16.1) executing pipeline/peers/quix_running_totals.py, which measures
-itself the way pipeline/bench.py measures the Runner: processed-record count sampled every 5 ms, from the first
+confluent-kafka < 2.13, this package pins 2.16.1) executing tools/bench/peers/quix_running_totals.py, which measures
+itself the way tools/bench/throughput.py measures the Runner: processed-record count sampled every 5 ms, from the first
 sample that saw progress to the count reaching N (start-up, group join, restore and the final commit excluded for
 both). After each run the committed outputs are counted read_committed and must equal the input count. Runs are
 sequential, modes interleaved per repetition; the median of `--repeat` runs is reported.
@@ -27,8 +27,8 @@ one; the load average at each start is printed):
     Quix  the local state dir deleted first, then the Quix script; times from before Application() to its
           "Beginning recovery check" / "Recovery process complete" log lines and to the new record processed
 
-    python -m pipeline.peers                          # throughput (200k records, 3 runs each) + restore (1M keys)
-    python -m pipeline.peers --records 20000 --repeat 1 --restore-keys 50000     # smoke run
+    python -m tools.bench.peers                          # throughput (200k records, 3 runs each) + restore (1M keys)
+    python -m tools.bench.peers --records 20000 --repeat 1 --restore-keys 50000     # smoke run
 """
 
 from __future__ import annotations
@@ -54,16 +54,16 @@ import orjson
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline import bench
 from pipeline import settings as settings_module
-from pipeline.changelog import changelog_topic
 from pipeline.examples import running_totals
-from pipeline.examples.inputs import ProducedRecord, create_topics, produce
-from pipeline.offsets import TailReader, high_watermarks, read_to_end
+from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
 from pipeline.runner import Runner
+from pipeline.state.changelog import changelog_topic
 from pipeline.task import Phase
+from pipeline.testing.inputs import ProducedRecord, create_topics, produce
+from tools.bench import throughput as bench
 
-log = logging.getLogger("pipeline.peers")
+log = logging.getLogger("tools.bench.peers")
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIX_SCRIPT = Path(__file__).with_name("quix_running_totals.py")
@@ -442,7 +442,7 @@ def restore_table(sides: Sequence[Side], keys: int) -> str:
 
 # -- command line ------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.peers", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.peers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--quix-python", default=str(ROOT / ".venv-quix" / "bin" / "python"))

@@ -1,7 +1,7 @@
 """Restore of one partition's state: latest complete full snapshot + the changelog since, in steps that never block
 the poll loop for long (rule 8).
 
-    scan      the snapshot topic's partition p is scanned back from its end for manifests (snapshots/finder.py)
+    scan      the snapshot topic's partition p is scanned back from its end for manifests (snapshot_finder.py)
     load      the newest manifest's chunks are read and verified; a corrupt or incomplete snapshot is skipped with a
               warning and the next older one is tried; with none left, the changelog from offset 0 is the base
     tail      the changelog of p is read with read_committed from the offset the snapshot covers up to the high
@@ -25,19 +25,17 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
 
-from pipeline.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
-from pipeline.offsets import TailReader, high_watermarks, low_watermarks
+from pipeline.kafka.offsets import CheckedConsumer, OffsetsTruncated, TailReader, high_watermarks, low_watermarks
 from pipeline.state import PartitionState
-from snapshots.finder import (
-    CheckedConsumer,
+from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
+from pipeline.state.snapshot_finder import (
     ChunkLoad,
     InvalidSnapshot,
     ManifestScan,
-    OffsetsTruncated,
     precheck,
     snapshot_bounds,
 )
-from snapshots.format import Manifest
+from pipeline.state.snapshot_format import Manifest
 
 log = logging.getLogger(__name__)
 CHECKPOINT_KEY_STR = CHECKPOINT_KEY.decode()

@@ -1,9 +1,9 @@
 """Benchmarks of full snapshots (not timed tests): restore from a snapshot + tail vs the whole changelog, and the
 compaction job's throughput. Needs a broker (default 127.0.0.1:9092) and the Spark connector jars.
 
-    python -m snapshots.bench                       # 1 M keys, 100 k tail, histories 1x and 10x (10 M records)
-    python -m snapshots.bench --history 2           # a smaller 10x stand-in on a busy machine
-    python -m snapshots.bench --keys 100000 --tail 10000 --history 3    # a smoke run
+    python -m tools.bench.snapshots                       # 1 M keys, 100 k tail, histories 1x and 10x (10 M records)
+    python -m tools.bench.snapshots --history 2           # a smaller 10x stand-in on a busy machine
+    python -m tools.bench.snapshots --keys 100000 --tail 10000 --history 3    # a smoke run
 
 For each history h in (1, --history): a fresh app whose changelog partition 0 holds h rounds over all keys (each
 round writes every key once, in transactions of 10 000 changes + a checkpoint, like the pipeline's commits), then
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.clients import produce_waiting
-from pipeline.restore import ChangelogRestore
+from pipeline.kafka.clients import produce_waiting
+from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
 from pipeline.state import PartitionState
-from pipeline.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.restore import ChangelogRestore
 from snapshots.compact import Options, compact
 
 TXN_RECORDS = 10_000
@@ -129,7 +129,7 @@ def log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snapshots.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.snapshots", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--keys", type=int, default=1_000_000)

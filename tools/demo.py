@@ -11,10 +11,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from pipeline import checker
-from pipeline.examples import inputs
 from pipeline.examples.running_totals import app
-from pipeline.harness import Fleet, group_owners, wait_caught_up
+from pipeline.testing import checker, inputs
+from pipeline.testing.harness import Fleet, group_owners, wait_caught_up
 
 RECORDS = 60_000
 PARTITIONS = 3

@@ -19,11 +19,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, Message
+from confluent_kafka.admin import AdminClient
 
-from pipeline.offsets import EndOffsetsTimeout, TailReader, low_watermarks
-from snapshots.format import (
+from pipeline.kafka.offsets import TailReader, low_watermarks, stable_end_offsets
+from pipeline.state.snapshot_format import (
     FORMAT_VERSION,
     CorruptChunk,
     Manifest,
@@ -44,46 +44,11 @@ class InvalidSnapshot(ValueError):
     """This snapshot is incomplete or corrupt; use an older one."""
 
 
-class OffsetsTruncated(RuntimeError):
-    """Records were deleted under a reader (delete_records by the compaction job): start over."""
-
-
-def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
-    """The last stable offset per partition (ListOffsets with read_committed), with a bounded wait."""
-    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
-    try:
-        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=timeout_s)
-        return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
-    except (KafkaException, TimeoutError) as e:
-        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e
-
-
 def snapshot_bounds(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
                     ) -> dict[int, tuple[int, int]]:
     low = low_watermarks(admin, topic, partitions, timeout_s)
     end = stable_end_offsets(admin, topic, partitions, timeout_s)
     return {p: (low[p], end[p]) for p in partitions}
-
-
-class CheckedConsumer:
-    """A consumer whose `consume` raises OffsetsTruncated instead of silently jumping when records it was about to
-    read were deleted. Needs auto.offset.reset=error in the consumer's configuration."""
-
-    _TRUNCATED = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
-
-    def __init__(self, consumer: Consumer) -> None:
-        self._consumer = consumer
-
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
-        messages = self._consumer.consume(num_messages=num_messages, timeout=timeout)
-        for m in messages:
-            if m.error() is not None and m.error().code() in self._TRUNCATED:
-                raise OffsetsTruncated(f"{m.topic()}[{m.partition()}]: {m.error()}")
-        return messages
-
-    def __getattr__(self, name: str):
-        return getattr(self._consumer, name)
 
 
 class ManifestScan:

@@ -1,4 +1,4 @@
-"""`pipeline bench`: throughput of the Runner against a plain consume->produce loop, on a real broker.
+"""`python -m tools.bench`: throughput of the Runner against a plain consume->produce loop, on a real broker.
 
 Every cell of the matrix (workload x value size x commit interval) runs three modes, each on fresh topics pre-filled
 with the same records (3 input partitions):
@@ -15,10 +15,10 @@ one is not. Rates count only the records processed after the first sample that s
 in-process, the loops in threads. A profile pass runs the exactly_once copier (100 B, 100 ms) under cProfile, from
 the first record processed to the last one, and prints the top functions by cumulative and by own time.
 
-    pipeline bench                      # whole matrix + profile (~4 min on 2 cores)
-    pipeline bench --quick              # fewer records: a smoke run
-    pipeline bench --only copier,100ms,eos,raw --records 50000
-    pipeline bench --overhead           # the framework's cost per record without a broker (seconds, stable)
+    python -m tools.bench                      # whole matrix + profile (~4 min on 2 cores)
+    python -m tools.bench --quick              # fewer records: a smoke run
+    python -m tools.bench --only copier,100ms,eos,raw --records 50000
+    python -m tools.bench --overhead           # the framework's cost per record without a broker (seconds, stable)
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ from dataclasses import dataclass, replace
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from pipeline import overhead
 from pipeline import settings as settings_module
 from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
-from pipeline.examples.inputs import create_topics, produce_copier, produce_running_totals
 from pipeline.metrics import Metrics
 from pipeline.runner import Runner
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE
+from pipeline.testing.inputs import create_topics, produce_copier, produce_running_totals
+from tools.bench import overhead
 
-log = logging.getLogger("pipeline.bench")
+log = logging.getLogger("tools.bench.throughput")
 
 PARTITIONS = 3
 WORKLOADS: dict[str, App] = {"copier": copier.app, "running_totals": running_totals.app}
@@ -462,7 +462,7 @@ def error_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
 
 # -- command line ------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--records", type=int, help="records per cell and for the profile "
@@ -476,7 +476,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-only", action="store_true", help="only the profile pass")
     parser.add_argument("--top", type=int, default=15, help="functions listed by the profile (default 15)")
     parser.add_argument("--overhead", action="store_true",
-                        help="only the framework's cost per record, without a broker (pipeline/overhead.py)")
+                        help="only the framework's cost per record, without a broker (tools/bench/overhead.py)")
     parser.add_argument("--log-level", default="warning")
     return parser
 

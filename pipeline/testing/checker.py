@@ -35,10 +35,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App, Output, Record
-from pipeline.changelog import Checkpoint, changelog_topic, is_checkpoint
 from pipeline.deadletter import DeadLetter, dead_letter_topic
-from pipeline.loading import load_app
-from pipeline.offsets import (
+from pipeline.kafka.offsets import (
     EndOffsetsTimeout,
     ReadToEndTimeout,
     TailReader,
@@ -46,8 +44,10 @@ from pipeline.offsets import (
     low_watermarks,
     read_to_end,
 )
+from pipeline.loading import load_app
 from pipeline.provenance import decode_source
 from pipeline.state import PartitionState
+from pipeline.state.changelog import Checkpoint, changelog_topic, is_checkpoint
 
 Coord = tuple[int, int]  # (input partition, input offset)
 SAMPLE_LIMIT = 20

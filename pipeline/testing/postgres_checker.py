@@ -1,8 +1,8 @@
 """The exactly-once checker for the PostgreSQL sink: the tables a run left behind against its input.
 
-The input topic is drained with read_committed (pipeline.checker.drain_topic), the reference is the same offline fold
-of `app.process` (pipeline.checker.fold_reference), and the tables are turned into the checker's plain records so
-that the same checks apply:
+The input topic is drained with read_committed (checker.drain_topic), the reference is the same offline fold of
+`app.process` (checker.fold_reference), and the tables are turned into the checker's plain records so that the same
+checks apply:
 - every input coordinate has exactly the reference's outputs in the sink's rows (read back by the sink), or one
   dead-letter row; nothing for coordinates that are no input; contents equal the reference's;
 - per input partition, rows were written in input-offset order (the sink's row order, e.g. an identity column);
@@ -10,7 +10,7 @@ that the same checks apply:
   (running totals: `totals` = the offline fold);
 - pipeline_offsets.next_offset of p is 1 + p's last input offset (the group offsets are not checked: monitoring only).
 
-    python -m pipeline.postgres.checker pipeline.examples.running_totals_pg:app --dsn ... --schema ... [--input-topic]
+    python -m pipeline.testing.postgres_checker pipeline.examples.running_totals_pg:app --dsn ... --schema ...
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from pipeline.app import App
-from pipeline.checker import (
+from pipeline.deadletter import DeadLetter
+from pipeline.kafka.offsets import high_watermarks
+from pipeline.loading import load_app
+from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
+from pipeline.postgres.sink import StoredOutput, Target, sink_of
+from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.testing.checker import (
     KafkaRecord,
     TopicDump,
     Verdict,
@@ -43,12 +49,6 @@ from pipeline.checker import (
     outputs_by_source,
     parse_dead_letters,
 )
-from pipeline.deadletter import DeadLetter
-from pipeline.loading import load_app
-from pipeline.offsets import high_watermarks
-from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
-from pipeline.postgres.sink import StoredOutput, Target, sink_of
-from pipeline.provenance import SOURCE_HEADER, encode_source
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def wait_caught_up(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.postgres.checker",
+    parser = argparse.ArgumentParser(prog="python -m pipeline.testing.postgres_checker",
                                      description="Check the tables of a PostgreSQL-sink run for exactly-once.")
     parser.add_argument("app")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")

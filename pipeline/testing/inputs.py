@@ -23,7 +23,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.clients import produce_waiting
+from pipeline.kafka.clients import produce_waiting
 
 ProducedRecord = tuple[int, bytes, bytes]  # (partition, key, value)
 

@@ -22,6 +22,10 @@ class EndOffsetsTimeout(TimeoutError):
     pass
 
 
+class OffsetsTruncated(RuntimeError):
+    """Records were deleted under a reader (delete_records by the compaction job): start over."""
+
+
 class ReadToEndTimeout(TimeoutError):
     def __init__(self, topic: str, stuck: Mapping[int, tuple[int, int]]) -> None:
         detail = ", ".join(f"p{p}: position {pos} < end {end}" for p, (pos, end) in sorted(stuck.items()))
@@ -69,6 +73,17 @@ _LEADERSHIP_CHANGES = {
 }
 
 
+def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
+    """The last stable offset per partition (ListOffsets with read_committed), with a bounded wait."""
+    request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+    try:
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout_s)
+        return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
+    except (KafkaException, TimeoutError) as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e
+
+
 def _transient(error: KafkaError) -> bool:
     return error.retriable() or error.code() in _LEADERSHIP_CHANGES
 
@@ -79,6 +94,26 @@ def high_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeo
 
 def low_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:
     return watermarks(admin, topic, partitions, timeout_s, OffsetSpec.earliest())
+
+
+class CheckedConsumer:
+    """A consumer whose `consume` raises OffsetsTruncated instead of silently jumping when records it was about to
+    read were deleted. Needs auto.offset.reset=error in the consumer's configuration."""
+
+    _TRUNCATED = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+
+    def __init__(self, consumer: Consumer) -> None:
+        self._consumer = consumer
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages = self._consumer.consume(num_messages=num_messages, timeout=timeout)
+        for m in messages:
+            if m.error() is not None and m.error().code() in self._TRUNCATED:
+                raise OffsetsTruncated(f"{m.topic()}[{m.partition()}]: {m.error()}")
+        return messages
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
 
 
 class TailReader:

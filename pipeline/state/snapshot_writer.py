@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaException, Producer
 
-from pipeline.clients import produce_waiting
-from snapshots.format import (
+from pipeline.kafka.clients import produce_waiting
+from pipeline.state.snapshot_format import (
     CHUNK_HEADER,
     DEFAULT_CHUNK_BYTES,
     MANIFEST_HEADER,

@@ -18,7 +18,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.offsets import high_watermarks
+from pipeline.kafka.offsets import high_watermarks
 
 # Short enough that a fault run on 2 cores takes seconds, long enough for a loaded machine.
 FAST_FAILOVER = {

@@ -25,11 +25,10 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from pipeline import checker
 from pipeline.app import App
-from pipeline.examples import inputs
-from pipeline.harness import FAST_FAILOVER, Fleet, Instance, wait_caught_up
 from pipeline.loading import load_app
+from pipeline.testing import checker, inputs
+from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, wait_caught_up
 
 ProducedRecord = tuple[int, bytes, bytes]
 KAFKA_SH = Path(__file__).resolve().parent.parent / "deploy" / "local" / "kafka.sh"

@@ -1,5 +1,0 @@
-import sys
-
-from pipeline.peers.bench import main
-
-sys.exit(main())

@@ -1,0 +1,13 @@
+"""A partition's state and how it survives: the in-memory store, its changelog, full snapshots and restore.
+
+    store.py            PartitionState: values kept encoded, undo logs per record and per transaction
+    changelog.py        the changelog record format (state changes + one checkpoint per transaction)
+    snapshot_format.py  full snapshots: chunks + one manifest (also written by the Spark job in snapshots/)
+    snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
+    snapshot_writer.py  writing a snapshot from a running pipeline (SNAPSHOT_ON_SHUTDOWN)
+    restore.py          restore = newest complete snapshot + changelog since, stepped between polls
+"""
+
+from pipeline.state.store import PartitionState
+
+__all__ = ["PartitionState"]

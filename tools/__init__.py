@@ -1,0 +1,1 @@
+"""Developer tools that are not installed with the package: the demo and the benchmarks."""

@@ -1,0 +1,5 @@
+import sys
+
+from tools.bench.throughput import main
+
+sys.exit(main())
