@@ -13,10 +13,12 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 	.venv/bin/pytest $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 	.venv/bin/ruff format --check .
 
 kafka-start:

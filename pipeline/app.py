@@ -59,6 +59,13 @@ class App:
     stateful: bool = True
     generate: Generate | None = None
 
+    def decode(self, key: bytes | None, value: bytes | None, topic: str, partition: int, offset: int,
+               timestamp_ms: int = 0, headers: Sequence[tuple[str, bytes]] | None = None) -> Record:
+        """Input bytes -> Record, with this App's serdes: the one place that does it (both sinks, the checker's fold).
+        Raises whatever the serde raises: an undecodable record is poison like a failing `process`."""
+        return Record(self.key_serde.deserialize(key), self.value_serde.deserialize(value), topic, partition, offset,
+                      timestamp_ms, headers or ())
+
     def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
         """A copy reading/writing other topics (tests and the chaos runner use it)."""
         from dataclasses import replace
