@@ -28,7 +28,9 @@ from confluent_kafka import Producer
 from pipeline.app import App
 from pipeline.loading import load_app
 from pipeline.testing import checker, inputs
+from pipeline.testing.drain import Observer, observe
 from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, wait_caught_up
+from pipeline.testing.oracle import Verdict, observer_subset_of_final
 
 ProducedRecord = tuple[int, bytes, bytes]
 KAFKA_SH = Path(__file__).resolve().parent.parent / "deploy" / "local" / "kafka.sh"
@@ -49,7 +51,7 @@ class FaultRun:
     env: dict[str, str] = field(default_factory=dict)
     replication: int = 1
     fleet: Fleet | None = None
-    observer: checker.Observer | None = None
+    observer: Observer | None = None
     _feeder: threading.Thread | None = None
 
     def __post_init__(self) -> None:
@@ -63,7 +65,7 @@ class FaultRun:
                "PIPELINE_OUTPUT_TOPIC": self.output_topic, **self.env}
         self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id)
         self.fleet.start(instances)
-        self.observer = checker.observe(self.bootstrap, self.output_topic)
+        self.observer = observe(self.bootstrap, self.output_topic)
         return self.fleet
 
     def feed(self, records: Sequence[ProducedRecord], seconds: float) -> None:
@@ -83,7 +85,7 @@ class FaultRun:
         verdict = checker.verify(self.app, self.bootstrap, input_topic=self.input_topic,
                                  output_topic=self.output_topic, dead_letter_topic=f"{self.app_id}-dlq",
                                  changelog_topic=f"{self.app_id}-changelog", group_id=self.app_id, timeout_s=60)
-        phantoms = checker.observer_subset_of_final(observed, verdict)
+        phantoms = observer_subset_of_final(observed, verdict)
         return Outcome(verdict, {}, phantoms, self.fleet.logs())
 
     def abandon(self) -> None:
@@ -95,7 +97,7 @@ class FaultRun:
 
 @dataclass
 class Outcome:
-    verdict: checker.Verdict | None  # None: did not converge
+    verdict: Verdict | None  # None: did not converge
     stuck: dict[int, int]  # input partition -> records not committed when the wait ended
     phantoms: list  # records a concurrent read_committed reader saw that the final drain lacks
     logs: str

@@ -1,7 +1,7 @@
 """The exactly-once checker for the PostgreSQL sink: the tables a run left behind against its input.
 
-The input topic is drained with read_committed (checker.drain_topic), the reference is the same offline fold of
-`app.process` (checker.fold_reference), and the tables are turned into the checker's plain records so that the same
+The input topic is drained with read_committed (drain.drain_topic), the reference is the same offline fold of
+`app.process` (oracle.fold_reference), and the tables are turned into the oracle's plain records so that the same
 checks apply:
 - every input coordinate has exactly the reference's outputs in the sink's rows (read back by the sink), or one
   dead-letter row; nothing for coordinates that are no input; contents equal the reference's;
@@ -33,17 +33,17 @@ from pipeline.loading import load_app
 from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.postgres.sink import StoredOutput, Target, sink_of
 from pipeline.provenance import SOURCE_HEADER, encode_source
-from pipeline.testing.checker import (
+from pipeline.testing.drain import drain_topic
+from pipeline.testing.oracle import (
     KafkaRecord,
     TopicDump,
     Verdict,
-    _check_next_offset,
-    _compare_states,
     check_content,
     check_duplicates,
     check_losses,
+    check_next_offset,
     check_order,
-    drain_topic,
+    compare_states,
     extra_outputs,
     fold_reference,
     outputs_by_source,
@@ -121,7 +121,7 @@ def check_tables(app: App, run: TableRun) -> Verdict:
     verdict.order = check_order(out_records, extra_outputs(by_source, reference))
     check_content(inputs, out_records, by_source, dead, reference, verdict.content)
     for p in sorted(set(run.inputs.partitions) | run.states.keys()):
-        _compare_states(p, run.states.get(p, {}), reference.states.get(p, {}), verdict.state)
+        compare_states(p, run.states.get(p, {}), reference.states.get(p, {}), verdict.state)
     for problem in run.derived_problems:
         where, _, detail = problem.partition(": ")
         verdict.state.add(where, detail)
@@ -131,7 +131,7 @@ def check_tables(app: App, run: TableRun) -> Verdict:
     for p in run.inputs.partitions:
         lowest = last_data[p] + 1 if p in last_data else None
         next_offset = run.offsets.get(p, (None, 0))[0]
-        _check_next_offset(verdict.offsets, f"offsets table p{p}", next_offset, lowest, run.inputs.ends[p])
+        check_next_offset(verdict.offsets, f"offsets table p{p}", next_offset, lowest, run.inputs.ends[p])
     verdict.notes = ["outputs, dead letters, state and offsets read from PostgreSQL ('changelog records' counts the "
                      "rows of pipeline_state); group offsets not checked (monitoring only)"]
     return verdict

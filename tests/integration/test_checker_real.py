@@ -20,8 +20,10 @@ from pipeline.examples import running_totals
 from pipeline.kafka.offsets import ReadToEndTimeout
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.testing.checker import KafkaRecord, Verdict, drain_topic, main, observe, observer_subset_of_final, verify
+from pipeline.testing.checker import main, verify
+from pipeline.testing.drain import drain_topic, observe
 from pipeline.testing.inputs import create_topics, produce_running_totals
+from pipeline.testing.oracle import KafkaRecord, Verdict, observer_subset_of_final
 
 pytestmark = pytest.mark.timeout(120)
 

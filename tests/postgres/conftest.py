@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.loading import load_app
-from pipeline.postgres import checker
 from pipeline.postgres.sink import Target
-from pipeline.testing import inputs
+from pipeline.testing import inputs, postgres_checker
 from pipeline.testing.chaos import produce_paced
-from pipeline.testing.checker import Verdict
 from pipeline.testing.harness import Fleet
+from pipeline.testing.oracle import Verdict
 
 PARTITIONS = 3
 TOTALS_PG = "pipeline.examples.running_totals_pg:app"
@@ -61,11 +60,11 @@ class PgRun:
         """Waits for the input to be produced and written to the tables, stops the fleet, returns the verdict."""
         if self._feeder:
             self._feeder.join(120)
-        lag = checker.wait_caught_up(self.bootstrap, self.dsn, self.target, range(PARTITIONS), timeout_s)
+        lag = postgres_checker.wait_caught_up(self.bootstrap, self.dsn, self.target, range(PARTITIONS), timeout_s)
         self.fleet.stop_all(timeout_s=30)
         assert not lag, f"offsets table did not catch up, lag per partition {lag}\n{self.fleet.logs()}"
-        return checker.verify_tables(self.app, self.bootstrap, self.dsn, schema=self.schema,
-                                     input_topic=self.input_topic, app_id=self.app_id)
+        return postgres_checker.verify_tables(self.app, self.bootstrap, self.dsn, schema=self.schema,
+                                              input_topic=self.input_topic, app_id=self.app_id)
 
     def logs(self) -> str:
         return "\n".join(i.log_path.read_text(errors="replace") for i in self.fleet.instances) if self.fleet else ""

@@ -11,7 +11,7 @@ from pipeline.app import Output
 from pipeline.deadletter import DeadLetter
 from pipeline.examples.running_totals_pg import app
 from pipeline.postgres.sink import StoredOutput
-from pipeline.testing.checker import KafkaRecord, TopicDump
+from pipeline.testing.oracle import KafkaRecord, TopicDump
 from pipeline.testing.postgres_checker import TableRun, check_tables
 
 TOPIC = "in"

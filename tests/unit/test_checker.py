@@ -16,7 +16,8 @@ from pipeline.examples import copier, running_totals
 from pipeline.loading import load_app
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.testing.checker import (
+from pipeline.testing.inputs import copier_records, running_totals_records
+from pipeline.testing.oracle import (
     SAMPLE_LIMIT,
     Findings,
     KafkaRecord,
@@ -27,7 +28,6 @@ from pipeline.testing.checker import (
     fold_reference,
     observer_subset_of_final,
 )
-from pipeline.testing.inputs import copier_records, running_totals_records
 
 IN, OUT = "in", "out"
 TOTALS = running_totals.app

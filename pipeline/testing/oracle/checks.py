@@ -1,0 +1,308 @@
+"""The checks: what the run wrote (outputs by source, dead letters, changelog, offsets) against the reference.
+
+Each check returns the Findings of one category; `check` runs them all over a RunData. Pure: no Kafka.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from pipeline.app import App
+from pipeline.deadletter import DeadLetter
+from pipeline.state.changelog import Checkpoint, is_checkpoint
+from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
+from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
+from pipeline.testing.oracle.verdict import Findings, Verdict, clip, coord_name
+
+
+# -- indexing what the run wrote ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    record: KafkaRecord  # where it sits in the dead-letter topic
+    letter: DeadLetter
+
+
+def outputs_by_source(outputs: Iterable[KafkaRecord]) -> dict[Coord, list[KafkaRecord]]:
+    """Outputs grouped by their source coordinate, each group in (partition, offset) order. No source: left out."""
+    grouped: dict[Coord, list[KafkaRecord]] = defaultdict(list)
+    for out in sorted(outputs, key=lambda r: r.coord):
+        if (source := out.source) is not None:
+            grouped[source].append(out)
+    return dict(grouped)
+
+
+def parse_dead_letters(
+    records: Iterable[KafkaRecord], input_topic: str, content: Findings
+) -> dict[Coord, list[DeadLetterEntry]]:
+    """Dead letters of `input_topic` grouped by the input coordinate they name. Unreadable ones are content
+    problems."""
+    grouped: dict[Coord, list[DeadLetterEntry]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: r.coord):
+        where = f"dlq {record.partition}@{record.offset}"
+        try:
+            letter = DeadLetter.from_record(record.key, record.value, list(record.headers))
+        except (KeyError, ValueError) as e:
+            content.add(where, f"unreadable dead-letter headers ({type(e).__name__}: {e})")
+            continue
+        if letter.topic != input_topic:
+            content.add(where, f"names topic {letter.topic!r}, not the input {input_topic!r}")
+            continue
+        grouped[(letter.partition, letter.offset)].append(DeadLetterEntry(record, letter))
+    return dict(grouped)
+
+
+def extra_outputs(by_source: Mapping[Coord, list[KafkaRecord]], reference: Reference) -> set[Coord]:
+    """Positions (output partition, offset) of outputs beyond the reference's count for their source: the
+    duplicates. The order check skips them, so one duplicate is reported once."""
+    extras = set()
+    for source, outs in by_source.items():
+        extras.update(out.coord for out in outs[reference.expected_count(source) :])
+    return extras
+
+
+# -- the checks -----------------------------------------------------------------------------------------------------
+def check_duplicates(
+    by_source: Mapping[Coord, list[KafkaRecord]],
+    dead: Mapping[Coord, list[DeadLetterEntry]],
+    reference: Reference,
+) -> Findings:
+    found = Findings()
+    for coord in sorted(by_source.keys() | dead.keys()):
+        outs, letters = len(by_source.get(coord, ())), len(dead.get(coord, ()))
+        if letters > 1:
+            found.add(coord_name(coord), f"dead-lettered {letters} times")
+        if letters and outs:
+            found.add(coord_name(coord), f"dead-lettered and also has {outs} output(s)")
+        elif coord in reference.outputs and outs > reference.expected_count(coord):
+            found.add(coord_name(coord), f"{outs} outputs, the reference produces {reference.expected_count(coord)}")
+    return found
+
+
+def check_losses(
+    input_coords: Iterable[Coord],
+    by_source: Mapping[Coord, list[KafkaRecord]],
+    dead: Mapping[Coord, list[DeadLetterEntry]],
+    reference: Reference,
+) -> Findings:
+    found = Findings()
+    for coord in sorted(input_coords):
+        if coord in dead:
+            continue
+        outs = len(by_source.get(coord, ()))
+        if coord in reference.failures:
+            if not outs:  # outputs for a failing record are a content problem, not a loss
+                found.add(coord_name(coord), f"no dead letter, though processing fails ({reference.failures[coord]})")
+        elif outs < (expected := reference.expected_count(coord)):
+            found.add(coord_name(coord), f"{outs} of {expected} output(s) and no dead letter")
+    return found
+
+
+def check_content(
+    inputs: Mapping[Coord, KafkaRecord],
+    outputs: Iterable[KafkaRecord],
+    by_source: Mapping[Coord, list[KafkaRecord]],
+    dead: Mapping[Coord, list[DeadLetterEntry]],
+    reference: Reference,
+    found: Findings,
+) -> Findings:
+    """Adds to `found` (which may already hold unreadable dead letters) and returns it."""
+    for out in sorted(outputs, key=lambda r: r.coord):
+        if out.source is None:
+            found.add(f"out {out.partition}@{out.offset}", "no readable eos.source header")
+    for coord, outs in sorted(by_source.items()):
+        if coord not in inputs:
+            found.add(coord_name(coord), f"{len(outs)} output(s) name a source that is no input record")
+        elif coord in reference.failures and coord not in dead:
+            found.add(coord_name(coord), f"has output(s), though processing fails ({reference.failures[coord]})")
+        else:
+            for out, expected in zip(outs, reference.outputs.get(coord, ()), strict=False):
+                if mismatch := _output_mismatch(out, expected):
+                    found.add(coord_name(coord), f"out {out.partition}@{out.offset}: {mismatch}")
+    for coord, entries in sorted(dead.items()):
+        for entry in entries:
+            if mismatch := _dead_letter_mismatch(entry, inputs.get(coord)):
+                found.add(coord_name(coord), f"dlq {entry.record.partition}@{entry.record.offset}: {mismatch}")
+    return found
+
+
+def _output_mismatch(out: KafkaRecord, expected: ExpectedOutput) -> str:
+    diffs = []
+    if out.key != expected.key:
+        diffs.append(f"key {clip(out.key)} != reference {clip(expected.key)}")
+    if out.value != expected.value:
+        diffs.append(f"value {clip(out.value)} != reference {clip(expected.value)}")
+    if expected.partition is not None and out.partition != expected.partition:
+        diffs.append(f"partition {out.partition} != reference {expected.partition}")
+    return "; ".join(diffs)
+
+
+def _dead_letter_mismatch(entry: DeadLetterEntry, original: KafkaRecord | None) -> str:
+    if original is None:
+        return "names an offset that is no input record"
+    diffs = []
+    if entry.record.partition != original.partition:
+        diffs.append(f"in dead-letter partition {entry.record.partition}, not {original.partition}")
+    if (entry.record.key, entry.record.value) != (original.key, original.value):
+        diffs.append("key/value differ from the input record")
+    return "; ".join(diffs)
+
+
+def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord]) -> Findings:
+    """In each output partition, the outputs of each input partition must come in non-decreasing input offset
+    (several outputs of one input share its offset). Outputs of different input partitions may interleave."""
+    found = Findings()
+    last: dict[tuple[int, int], int] = {}  # (output partition, input partition) -> last input offset seen
+    for out in sorted(outputs, key=lambda r: r.coord):
+        if out.coord in extras or (source := out.source) is None:
+            continue
+        lane = (out.partition, source[0])
+        previous = last.get(lane, -1)
+        if source[1] < previous:
+            found.add(
+                f"out {out.partition}@{out.offset}", f"source {coord_name(source)} comes after {source[0]}:{previous}"
+            )
+        else:
+            last[lane] = source[1]
+    return found
+
+
+def changelog_states(changelog: Iterable[KafkaRecord], found: Findings) -> dict[int, dict[str, bytes]]:
+    """Final state per changelog partition: last write wins per key, a record without value deletes."""
+    states: dict[int, dict[str, bytes]] = defaultdict(dict)
+    for record in sorted(changelog, key=lambda r: r.coord):
+        if is_checkpoint(record.key, list(record.headers)):
+            continue
+        try:
+            key = record.key.decode() if record.key is not None else None
+        except UnicodeDecodeError:
+            key = None
+        if key is None:
+            found.add(f"changelog {record.partition}@{record.offset}", "state key missing or not UTF-8")
+        elif record.value is None:
+            states[record.partition].pop(key, None)
+        else:
+            states[record.partition][key] = record.value
+    return dict(states)
+
+
+def check_state(changelog: TopicDump, input_partitions: Sequence[int], reference: Reference) -> Findings:
+    found = Findings()
+    if changelog.partitions != list(input_partitions):
+        found.add(
+            f"topic {changelog.topic}", f"partitions {changelog.partitions}, the input has {list(input_partitions)}"
+        )
+    actual = changelog_states(changelog.records, found)
+    for p in sorted(set(input_partitions) | actual.keys()):
+        compare_states(p, actual.get(p, {}), reference.states.get(p, {}), found)
+    return found
+
+
+def compare_states(p: int, actual: dict[str, bytes], expected: dict[str, bytes], found: Findings) -> None:
+    for key in sorted(actual.keys() | expected.keys()):
+        have, want = actual.get(key), expected.get(key)
+        if have != want:
+            found.add(f"state p{p} {key!r}", f"changelog {clip(have)} != reference {clip(want)}")
+
+
+def last_checkpoints(changelog: Iterable[KafkaRecord], found: Findings) -> dict[int, Checkpoint]:
+    checkpoints = {}
+    for record in sorted(changelog, key=lambda r: r.coord):
+        if not is_checkpoint(record.key, list(record.headers)):
+            continue
+        try:
+            checkpoints[record.partition] = Checkpoint.decode(record.value or b"")
+        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+            found.add(f"changelog {record.partition}@{record.offset}", f"unreadable checkpoint ({e})")
+    return checkpoints
+
+
+def check_offsets(run: RunData) -> Findings:
+    """Committed offset and last checkpoint of input partition p must point past its last input record: 1 + that
+    offset, or further but only over offsets without data (commit markers of a transactional input). And they
+    must agree (docs/guarantees.md: complete-restore); that is reported only when both are plausible, so one wrong
+    offset is one problem."""
+    found = Findings()
+    last_data: dict[int, int] = {}
+    for record in run.inputs.records:
+        last_data[record.partition] = max(record.offset, last_data.get(record.partition, -1))
+    checkpoints = last_checkpoints(run.changelog.records, found) if run.changelog is not None else None
+    for p in run.inputs.partitions:
+        lowest, end = (last_data[p] + 1 if p in last_data else None), run.inputs.ends[p]
+        committed = run.committed.get(p)
+        committed_ok = check_next_offset(found, f"committed p{p}", committed, lowest, end)
+        if checkpoints is None:
+            continue
+        checkpoint = checkpoints.get(p)
+        next_offset = checkpoint.next_input_offset if checkpoint else None
+        checkpoint_ok = check_next_offset(found, f"checkpoint p{p}", next_offset, lowest, end)
+        if checkpoint_ok and committed_ok and next_offset != committed:
+            found.add(f"checkpoint p{p}", f"{next_offset}, but the committed offset is {committed}")
+        if checkpoint and (checkpoint.input_topic, checkpoint.input_partition) != (run.input_topic, p):
+            found.add(f"checkpoint p{p}", f"names {checkpoint.input_topic}:{checkpoint.input_partition}")
+    return found
+
+
+def check_next_offset(found: Findings, where: str, actual: int | None, lowest: int | None, end: int) -> bool:
+    """Whether `actual` is a correct next offset for a partition whose data ends at lowest - 1 (None: no data)."""
+    if lowest is None:  # no input records: nothing needs to be committed
+        if actual is not None and actual > end:
+            found.add(where, f"{actual}, beyond the end {end} of an empty partition")
+            return False
+        return True
+    if actual is None or not lowest <= actual <= end:
+        expected = f"{lowest}" if lowest == end else f"{lowest} (or up to {end} past trailing markers)"
+        found.add(where, f"{actual if actual is not None else 'nothing'}, expected {expected}")
+        return False
+    return True
+
+
+def check(app: App, run: RunData) -> Verdict:
+    """All checks over what a run left behind. Pure: no Kafka."""
+    verdict = Verdict(
+        inputs=len(run.inputs.records),
+        outputs=len(run.outputs.records),
+        dead_letters=len(run.dead_letters.records),
+        changelog_records=len(run.changelog.records) if run.changelog is not None else 0,
+        final_outputs=run.outputs.records,
+    )
+    inputs = {record.coord: record for record in run.inputs.records}
+    dead = parse_dead_letters(run.dead_letters.records, run.input_topic, verdict.content)
+    reference = fold_reference(
+        app, run.inputs.records, input_topic=run.input_topic, output_topic=run.outputs.topic, skip=dead.keys()
+    )
+    by_source = outputs_by_source(run.outputs.records)
+    verdict.duplicates = check_duplicates(by_source, dead, reference)
+    verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
+    verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference))
+    check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content)
+    if run.changelog is not None:
+        verdict.state = check_state(run.changelog, run.inputs.partitions, reference)
+    verdict.offsets = check_offsets(run)
+    verdict.notes = _notes(run, reference)
+    return verdict
+
+
+def _notes(run: RunData, reference: Reference) -> list[str]:
+    notes = [f"topic {dump.topic} does not exist: read as empty" for dump in run.dumps() if not dump.exists]
+    if reference.outputs_to_other_topics:
+        notes.append(f"{reference.outputs_to_other_topics} reference outputs go to other topics: not checked")
+    if any(e.partition is None for outs in reference.outputs.values() for e in outs):
+        notes.append("the app leaves output partitions to the partitioner: output partitions not checked")
+    if run.changelog is None:
+        notes.append("stateless app: state and checkpoints not checked")
+    return notes
+
+
+
+def observer_subset_of_final(
+    observed: Iterable[KafkaRecord], final: Verdict | Iterable[KafkaRecord]
+) -> list[KafkaRecord]:
+    """Records the observer saw that the final drain does not hold (same position, same bytes). Must be empty:
+    a read_committed reader must never see what is later gone (a zombie's output, an aborted transaction)."""
+    final_records = final.final_outputs if isinstance(final, Verdict) else final
+    by_position = {record.coord: record for record in final_records}
+    return [record for record in observed if by_position.get(record.coord) != record]

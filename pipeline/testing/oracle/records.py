@@ -1,0 +1,65 @@
+"""What a run left behind, as plain data: records detached from any Kafka client, whole topics, one run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.provenance import decode_source
+
+Coord = tuple[int, int]  # (input partition, input offset)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """One record as read from a topic, detached from confluent_kafka."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+    @property
+    def coord(self) -> Coord:
+        return (self.partition, self.offset)
+
+    @property
+    def source(self) -> Coord | None:
+        """The input coordinate named by the eos.source header; None if absent or malformed."""
+        try:
+            return decode_source(self.headers)  # type: ignore[arg-type]  # a tuple of pairs reads the same
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class TopicDump:
+    """Every committed record of a topic up to the high watermarks `ends` captured when the drain began."""
+
+    topic: str
+    records: list[KafkaRecord]
+    ends: dict[int, int]
+    exists: bool = True
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self.ends)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What a run left behind. `changelog` is None for a stateless app; `committed` maps input partition to the
+    group's committed offset (None: nothing committed)."""
+
+    input_topic: str
+    inputs: TopicDump
+    outputs: TopicDump
+    dead_letters: TopicDump
+    changelog: TopicDump | None
+    committed: dict[int, int | None]
+
+    def dumps(self) -> list[TopicDump]:
+        """Every topic read for this run (the changelog only for a stateful app)."""
+        dumps = [self.inputs, self.outputs, self.dead_letters]
+        return [*dumps, self.changelog] if self.changelog is not None else dumps
