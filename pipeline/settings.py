@@ -2,7 +2,31 @@
 
 Every setting is validated at start-up; a bad one fails with a message that names it. Any librdkafka property can
 be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PIPELINE_KAFKA_SECURITY_PROTOCOL) or a
-`[kafka]` table in the config file; it applies to every client the runner creates.
+`[kafka]` table in the config file; it applies to every client the runner creates. Secrets (Kafka properties whose
+name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings: repr() shows `'***'`, so printing or
+logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows them, while the clients get
+the real value.
+
+A service with settings of its own extends the type; its fields are read from the same file and environment, with
+the same checks and error messages (fields of type str, int or bool):
+
+    from dataclasses import dataclass
+    from pipeline.settings import ConfigError, Settings
+
+    @dataclass(frozen=True)
+    class PricingSettings(Settings):
+        price_feed_url: str = "http://prices:8080"  # PIPELINE_PRICE_FEED_URL, or price_feed_url in the TOML file
+        max_discount_percent: int = 30
+
+        def __post_init__(self) -> None:
+            super().__post_init__()  # the pipeline's own checks first
+            if not 0 <= self.max_discount_percent <= 100:
+                raise ConfigError(f"MAX_DISCOUNT_PERCENT must be 0..100, not {self.max_discount_percent}")
+
+    settings = PricingSettings.load()  # or PricingSettings.load("pricing.toml", max_discount_percent=10)
+
+Fields declared by a subclass are known to every loader, so `pipeline run` (which loads the base Settings after
+importing the service's module) accepts PIPELINE_PRICE_FEED_URL instead of failing on an unknown setting.
 """
 
 from __future__ import annotations
@@ -10,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,6 +45,20 @@ AT_LEAST_ONCE = "at_least_once"
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
 SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
+
+
+class Secret(str):
+    """A string whose repr() is '***': it stays out of logs, tracebacks and printed settings. str(), f-strings and
+    the clients see the real value (and it compares equal to it). json.dumps writes the real value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+def _secret(value: str) -> str:
+    return Secret(value) if value else value  # an empty one stays visible: "POSTGRES_DSN is empty" must be debuggable
 
 
 class ConfigError(ValueError):
@@ -55,15 +94,37 @@ class Settings:
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
     test_abort_every: int = 0  # testing only: abort every k-th transaction of each partition (0: never)
     sink: str = "kafka"  # or "postgres": results and offsets in one database transaction (pipeline/postgres)
-    postgres_dsn: str = field(default="", repr=False)  # libpq URI or key=value string (may hold a password)
+    postgres_dsn: str = ""  # libpq URI or key=value string (may hold a password: kept as a Secret)
     postgres_schema: str = "public"  # where the sink's tables live (created or migrated on start-up)
     postgres_pool_size: int = 4  # connections per process (one per partition committing at the same time)
     postgres_retry_backoff_max_ms: int = 5_000  # back-off cap while PostgreSQL is unreachable
     postgres_idle_in_transaction_timeout_ms: int = 5_000  # the server ends a writer paused mid-transaction
-    kafka: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
+    kafka: Mapping[str, str] = field(default_factory=dict)  # values of secret-looking names kept as Secrets
 
     def __post_init__(self) -> None:
+        # Frozen: the secrets are wrapped in place, once, whoever built the settings (load, a test, a benchmark).
+        kafka = {k: _secret(v) if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in self.kafka.items()}
+        object.__setattr__(self, "kafka", kafka)
+        object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
         validate(self)
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, env: Mapping[str, str] | None = None,
+             **overrides: Any) -> typing.Self:
+        """Settings of this type from a TOML file, then the environment (os.environ if None), then keyword overrides
+        (an override of None means "not given")."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        kafka: dict[str, str] = {}
+        config_file = config_file or env.get(ENV_PREFIX + "CONFIG_FILE")
+        if config_file:
+            values, kafka = _from_toml(cls, Path(config_file))
+        env_values, env_kafka = _from_env(cls, env)
+        values |= env_values
+        kafka |= env_kafka
+        kafka |= overrides.pop("kafka", {})
+        values |= {k: v for k, v in overrides.items() if v is not None}
+        return cls(**values, kafka=kafka)
 
     def with_overrides(self, **overrides: Any) -> Settings:
         return dataclasses.replace(self, **overrides)
@@ -73,7 +134,7 @@ class Settings:
         return self.processing_guarantee == EXACTLY_ONCE
 
     def redacted_kafka(self) -> dict[str, str]:
-        return {k: ("***" if any(w in k.lower() for w in SECRET_WORDS) else v) for k, v in self.kafka.items()}
+        return {k: ("***" if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
 
 
 def validate(s: Settings) -> None:
@@ -129,26 +190,23 @@ def validate(s: Settings) -> None:
 
 def load(config_file: str | Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from a TOML file, then the environment, then keyword overrides."""
-    env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    kafka: dict[str, str] = {}
-    config_file = config_file or env.get(ENV_PREFIX + "CONFIG_FILE")
-    if config_file:
-        values, kafka = _from_toml(Path(config_file))
-    env_values, env_kafka = _from_env(env)
-    values |= env_values
-    kafka |= env_kafka
-    kafka |= overrides.pop("kafka", {})
-    values |= {k: v for k, v in overrides.items() if v is not None}
-    return Settings(**values, kafka=kafka)
+    return Settings.load(config_file, env, **overrides)
 
 
-def _field_types() -> dict[str, type]:
-    return {f.name: type(f.default) for f in fields(Settings) if f.name != "kafka"}
+def _field_types(cls: type[Settings]) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls) if f.name != "kafka"}
 
 
-def _coerce(name: str, raw: Any) -> Any:
-    kind = _field_types()[name]
+def _declared_by_subclasses(cls: type) -> set[str]:
+    """Names of the fields that service-specific subclasses of Settings add: another loader's, not unknown."""
+    names: set[str] = set()
+    for sub in cls.__subclasses__():
+        names |= {f.name for f in fields(sub)} | _declared_by_subclasses(sub)
+    return names
+
+
+def _coerce(name: str, kind: type, raw: Any) -> Any:
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -164,11 +222,14 @@ def _coerce(name: str, raw: Any) -> Any:
             return int(raw)
         except ValueError:
             raise ConfigError(f"{name.upper()} must be an integer, not {raw!r}") from None
-    return str(raw)
+    if kind is str:
+        return str(raw)
+    raise TypeError(f"setting {name}: type {kind} cannot be read from text (use str, int or bool)")
 
 
-def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    known = _field_types()
+def _from_env(cls: type[Settings], env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    known = _field_types(cls)
+    elsewhere = _declared_by_subclasses(Settings)
     values: dict[str, Any] = {}
     kafka: dict[str, str] = {}
     for key, raw in env.items():
@@ -176,20 +237,21 @@ def _from_env(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
             kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
         elif key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG_FILE":
             name = key[len(ENV_PREFIX) :].lower()
-            if name not in known:
+            if name in known:
+                values[name] = _coerce(name, known[name], raw)
+            elif name not in elsewhere:
                 raise ConfigError(f"unknown setting {key} (known: {', '.join(sorted(n.upper() for n in known))})")
-            values[name] = _coerce(name, raw)
     return values, kafka
 
 
-def _from_toml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+def _from_toml(cls: type[Settings], path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"CONFIG_FILE {path}: {e}") from e
     kafka = {str(k): str(v) for k, v in document.pop("kafka", {}).items()}
-    known = _field_types()
-    unknown = set(document) - set(known)
+    known = _field_types(cls)
+    unknown = set(document) - set(known) - _declared_by_subclasses(Settings)
     if unknown:
         raise ConfigError(f"CONFIG_FILE {path}: unknown settings {sorted(unknown)}")
-    return {k: _coerce(k, v) for k, v in document.items()}, kafka
+    return {k: _coerce(k, known[k], v) for k, v in document.items() if k in known}, kafka

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pprint
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from pipeline.kafka.clients import client_config
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, ConfigError, Settings, load
 
 
@@ -204,3 +208,60 @@ def test_a_boolean_setting_takes_the_usual_spellings_and_names_itself_when_wrong
     assert load(env={"PIPELINE_SNAPSHOT_ON_SHUTDOWN": "0"}).snapshot_on_shutdown is False
     with pytest.raises(ConfigError, match="SNAPSHOT_ON_SHUTDOWN must be true or false, not 'maybe'"):
         load(env={"PIPELINE_SNAPSHOT_ON_SHUTDOWN": "maybe"})
+
+
+def test_secrets_never_show_in_repr_str_or_dumps_of_the_settings() -> None:
+    secrets = {
+        "PIPELINE_KAFKA_SASL_PASSWORD": "hunter2",
+        "PIPELINE_KAFKA_SASL_JAAS_CONFIG": 'PlainLoginModule required username="alice" password="jaas-pw";',
+        "PIPELINE_KAFKA_SSL_KEY_PASSWORD": "key-pw",
+        "PIPELINE_POSTGRES_DSN": "postgresql://alice:dsn-pw@db:5432/app",
+    }
+    s = load(env={**secrets, "PIPELINE_SINK": "postgres", "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    shown = [repr(s), str(s), f"{s!r}", repr(s.kafka), repr(dataclasses.asdict(s)), pprint.pformat(s),
+             repr(s.redacted_kafka()), repr(s.with_overrides(app_id="x"))]
+    for text in shown:
+        for word in ("hunter2", "jaas-pw", "key-pw", "dsn-pw"):
+            assert word not in text, (word, text)
+    assert "SASL_SSL" in repr(s)  # what is not secret stays visible
+    # ...while the clients and the database get the real values
+    assert s.postgres_dsn == "postgresql://alice:dsn-pw@db:5432/app" and f"{s.postgres_dsn}".endswith("@db:5432/app")
+    assert client_config(s)["sasl.password"] == "hunter2" and str(s.kafka["ssl.key.password"]) == "key-pw"
+
+
+# -- a service's own settings --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PricingSettings(Settings):
+    price_feed_url: str = "http://prices:8080"
+    max_discount_percent: int = 30
+    discounts_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.max_discount_percent <= 100:
+            raise ConfigError(f"MAX_DISCOUNT_PERCENT must be 0..100, not {self.max_discount_percent}")
+
+
+def test_a_service_extends_the_settings_with_its_own(tmp_path: Path) -> None:
+    path = write(tmp_path, 'price_feed_url = "http://file"\napp_id = "pricing"\n')
+    env = {"PIPELINE_MAX_DISCOUNT_PERCENT": "40", "PIPELINE_DISCOUNTS_ENABLED": "off",
+           "PIPELINE_COMMIT_INTERVAL_MS": "7"}
+    s = PricingSettings.load(path, env=env)
+    assert isinstance(s, PricingSettings)
+    assert (s.price_feed_url, s.max_discount_percent, s.discounts_enabled) == ("http://file", 40, False)
+    assert (s.app_id, s.commit_interval_ms) == ("pricing", 7)
+    assert PricingSettings.load(env={}, max_discount_percent=10).max_discount_percent == 10
+    with pytest.raises(ConfigError, match="MAX_DISCOUNT_PERCENT must be an integer, not 'lots'"):
+        PricingSettings.load(env={"PIPELINE_MAX_DISCOUNT_PERCENT": "lots"})
+    with pytest.raises(ConfigError, match=r"MAX_DISCOUNT_PERCENT must be 0\.\.100"):
+        PricingSettings.load(env={"PIPELINE_MAX_DISCOUNT_PERCENT": "101"})
+    with pytest.raises(ConfigError, match="ON_POISON"):  # the pipeline's own checks still run
+        PricingSettings.load(env={"PIPELINE_ON_POISON": "skip"})
+
+
+def test_the_base_loader_leaves_a_subclass_setting_alone_and_still_rejects_unknown_ones(tmp_path: Path) -> None:
+    """`pipeline run` loads the base Settings in a process whose service module declared PricingSettings."""
+    s = load(write(tmp_path, 'price_feed_url = "http://file"\n'), env={"PIPELINE_MAX_DISCOUNT_PERCENT": "40"})
+    assert s == Settings() and not hasattr(s, "max_discount_percent")
+    with pytest.raises(ConfigError, match="PIPELINE_MAX_DISCOUNT"):
+        load(env={"PIPELINE_MAX_DISCOUNT": "40"})
