@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # A real Apache Kafka broker on loopback without Docker, resolved from Maven Central.
 #
-#   deploy/local/kafka.sh [--cluster] start|stop|status|logs|bootstrap
+#   deploy/local/kafka.sh [--cluster|--secure] start|stop|status|logs|bootstrap
 #   deploy/local/kafka.sh --cluster kill|pause|resume|restart NODE
+#   deploy/local/kafka.sh --secure credentials      # path of the file holding the users' passwords and the CA
 #
 # Single node: one KRaft broker+controller, clients on 127.0.0.1:9092.
 # --cluster:   three KRaft broker+controllers, clients on 127.0.0.1:19092,19093,19094 (replication 3, min ISR 2).
+# --secure:    one KRaft broker+controller with a SASL_SSL listener on 127.0.0.1:9192 (SCRAM-SHA-512 over TLS,
+#              hostname verification on), the StandardAuthorizer with allow.everyone.if.no.acl.found=false, and
+#              SCRAM users admin (super user), pipeline and compaction (deploy/local/kafka-secure.sh).
 # Every command is idempotent: start on a running broker only checks that it is ready.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -15,12 +19,18 @@ READY_TIMEOUT_S="${KAFKA_READY_TIMEOUT_S:-90}"
 HEAP="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
 
 MODE=single
-if [[ "${1:-}" == "--cluster" ]]; then
-  MODE=cluster
+if [[ "${1:-}" == "--cluster" || "${1:-}" == "--secure" ]]; then
+  MODE="${1#--}"
   shift
 fi
 
-if [[ "$MODE" == single ]]; then
+if [[ "$MODE" == secure ]]; then
+  NODES=(1)
+  client_port() { echo 9192; }
+  controller_port() { echo 9193; }
+  REPLICATION=1
+  MIN_ISR=1
+elif [[ "$MODE" == single ]]; then
   NODES=(1)
   client_port() { echo 9092; }
   controller_port() { echo 9093; }
@@ -34,6 +44,9 @@ else
   MIN_ISR=2
 fi
 DIR="$RUN_DIR/kafka-$MODE"
+SECURE_DIR="$DIR/security"
+# shellcheck source=kafka-secure.sh
+source "$(dirname "${BASH_SOURCE[0]}")/kafka-secure.sh"
 
 node_dir() { echo "$DIR/node-$1"; }
 pid_file() { echo "$(node_dir "$1")/kafka.pid"; }
@@ -51,6 +64,21 @@ quorum_voters() {
   echo "$out"
 }
 
+listener_config() {
+  local n="$1"
+  if [[ "$MODE" == secure ]]; then
+    secure_listener_config "$(client_port "$n")" "$(controller_port "$n")"
+    return
+  fi
+  cat <<EOF
+listeners=PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n")
+advertised.listeners=PLAINTEXT://127.0.0.1:$(client_port "$n")
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+EOF
+}
+
 write_config() {
   local n="$1" dir
   dir="$(node_dir "$n")"
@@ -59,11 +87,7 @@ write_config() {
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$(quorum_voters)
-listeners=PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n")
-advertised.listeners=PLAINTEXT://127.0.0.1:$(client_port "$n")
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+$(listener_config "$n")
 log.dirs=$dir/data
 num.network.threads=2
 num.io.threads=4
@@ -82,6 +106,8 @@ group.initial.rebalance.delay.ms=0
 # Abort a zombie's timed-out transaction within a second of its timeout instead of ten.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 EOF
+  [[ "$MODE" == secure ]] && chmod 600 "$dir/server.properties"  # holds the keystore password
+  return 0
 }
 
 cluster_id() {
@@ -97,8 +123,11 @@ format_storage() {
   local n="$1" dir
   dir="$(node_dir "$n")"
   [[ -f "$dir/data/meta.properties" ]] && return 0
+  local scram=()
+  [[ "$MODE" == secure ]] && mapfile -t scram < <(secure_scram_arguments)
   java -cp "$KAFKA_LIBS/*" -Dlog4j2.configurationFile="$REPO_ROOT/deploy/local/kafka/log4j2.properties" \
-    kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
+    kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" "${scram[@]}" \
+    >"$dir/format.log" 2>&1 \
     || { cat "$dir/format.log" >&2; die "formatting storage of node $n failed"; }
 }
 
@@ -141,6 +170,7 @@ start_nodes() {
   resolve_maven_classpath "$REPO_ROOT/deploy/local/kafka/pom.xml" "$KAFKA_LIBS" \
     -Dkafka.version="$KAFKA_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" -Dlog4j.version="$LOG4J_VERSION"
   local n t0=$SECONDS
+  [[ "$MODE" == secure ]] && secure_prepare
   for n in "$@"; do
     write_config "$n"
     format_storage "$n"
@@ -197,12 +227,18 @@ case "$cmd" in
     ;;
   logs) tail -n "${2:-100}" "$(log_file "${NODES[0]}")" ;;
   bootstrap) bootstrap_servers ;;
+  credentials)
+    [[ "$MODE" == secure ]] || die "credentials: only with --secure"
+    [[ -f "$SECURE_DIR/credentials.env" ]] || die "no credentials yet: run $0 --secure start"
+    echo "$SECURE_DIR/credentials.env"
+    ;;
   kill) signal_node KILL "$(node_arg "${2:-}")"; rm -f "$(pid_file "$2")" ;;
   pause) signal_node STOP "$(node_arg "${2:-}")" ;;
   resume) signal_node CONT "$(node_arg "${2:-}")" ;;
   restart) n="$(node_arg "${2:-}")"; stop_node "$n"; start_nodes "$n" ;;
   *)
-    echo "usage: $0 [--cluster] start|stop [--wipe]|status|logs [N]|bootstrap|kill N|pause N|resume N|restart N" >&2
+    echo "usage: $0 [--cluster|--secure] start|stop [--wipe]|status|logs [N]|bootstrap|kill N|pause N|resume N|restart N" >&2
+    echo "       $0 --secure credentials" >&2
     exit 2
     ;;
 esac
