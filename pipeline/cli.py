@@ -1,4 +1,4 @@
-"""`pipeline run | verify | topics` — the command line (also `python -m pipeline ...`)."""
+"""`pipeline run | verify | chaos | topics` — the command line (also `python -m pipeline ...`)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from pipeline.loading import AppPathError, load_app
 from pipeline.settings import ConfigError
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
@@ -17,6 +18,15 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks are not installed with the package: from a checkout, run `python -m tools.bench "
               f"{' '.join(argv[1:])}`".rstrip() + " (BENCHMARKS.md)", file=sys.stderr)
         return 2
+    try:
+        return _dispatch(argv)
+    except AppPathError as e:  # a wrong MODULE:ATTR is a typo, not a crash: one line, no traceback
+        command = next((word for word in argv if word in ("run", "verify", "chaos")), "")
+        print(f"pipeline {command}: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     # Commands with their own argument parsers. The compaction job (snapshots) is a separate package that depends on
     # this one, so it is named here, never imported at the top.
     delegated = {"verify": "pipeline.testing.checker", "chaos": "pipeline.testing.chaos", "snapshots": "snapshots.cli"}
@@ -63,11 +73,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline import settings as settings_module
-    from pipeline.loading import load_app
-    from pipeline.runner import Runner
+    app = load_app(args.app)  # first: a wrong MODULE:ATTR is reported before anything else is imported or read
 
-    app = load_app(args.app)
+    from pipeline import settings as settings_module
+
     settings = settings_module.load(
         args.config,
         bootstrap_servers=args.bootstrap_servers,
@@ -82,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
 
         runner = PgRunner(app, settings)
     else:
+        from pipeline.runner import Runner
+
         runner = Runner(app, settings)
     runner.install_signal_handlers()
     runner.run()

@@ -271,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=".run/chaos")
     parser.add_argument("--json", action="store_true", help="also print the verdicts as JSON")
     args = parser.parse_args(argv)
+    app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
 
     profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
     names = args.faults.split(",") + (["broker-kill", "broker-pause"] if args.cluster else [])
@@ -286,7 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif any(FAULTS[n].needs_cluster for n in names):
         parser.error("broker faults need --cluster")
 
-    app = load_app(args.app)
     records = seed_records(app, profile, args.seed, None)
     rows = []
     for name in dict.fromkeys(names):
