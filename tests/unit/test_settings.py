@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.kafka.clients import client_config
+from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, ConfigError, Settings, load
 
 
@@ -228,6 +228,26 @@ def test_secrets_never_show_in_repr_str_or_dumps_of_the_settings() -> None:
     assert s.postgres_dsn == "postgresql://alice:dsn-pw@db:5432/app" and f"{s.postgres_dsn}".endswith("@db:5432/app")
     assert client_config(s)["sasl.password"] == "hunter2" and str(s.kafka["ssl.key.password"]) == "key-pw"
 
+
+
+def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> None:
+    """PIPELINE_KAFKA_* reaches every client, but the protocol's own properties are set after it
+    (docs/guarantees.md: read-committed, one-transaction)."""
+    s = load(env={
+        "PIPELINE_KAFKA_ISOLATION_LEVEL": "read_uncommitted",
+        "PIPELINE_KAFKA_ENABLE_AUTO_COMMIT": "true",
+        "PIPELINE_KAFKA_ENABLE_AUTO_OFFSET_STORE": "true",
+        "PIPELINE_KAFKA_ENABLE_IDEMPOTENCE": "false",
+        "PIPELINE_KAFKA_ACKS": "1",
+        "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
+    })
+    consumer, restore = consumer_config(s, "group"), restore_consumer_config(s, "group.restore")
+    producer = producer_config(s, "app.in.0")
+    assert (consumer["isolation.level"], consumer["enable.auto.commit"], consumer["enable.auto.offset.store"]) == (
+        "read_committed", False, False)
+    assert (restore["isolation.level"], restore["enable.auto.commit"]) == ("read_committed", False)
+    assert (producer["enable.idempotence"], producer["acks"], producer["transactional.id"]) == (True, "all", "app.in.0")
+    assert consumer["security.protocol"] == restore["security.protocol"] == producer["security.protocol"] == "SSL"
 
 # -- a service's own settings --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
