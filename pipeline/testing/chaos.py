@@ -33,7 +33,7 @@ from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, wait_caught
 from pipeline.testing.oracle import Verdict, observer_subset_of_final
 
 ProducedRecord = tuple[int, bytes, bytes]
-KAFKA_SH = Path(__file__).resolve().parent.parent / "deploy" / "local" / "kafka.sh"
+KAFKA_SH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka.sh"  # from a checkout: the repository root
 SESSION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_SESSION_TIMEOUT_MS"]) / 1000
 TRANSACTION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_TRANSACTION_TIMEOUT_MS"]) / 1000
 

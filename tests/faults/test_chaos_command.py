@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline import chaos
+from pipeline.testing import chaos
 
 
 def test_chaos_command_gives_a_clean_verdict_for_every_process_fault(kafka_bootstrap, tmp_path, capsys):

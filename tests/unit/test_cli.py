@@ -136,3 +136,9 @@ def test_load_app_errors_are_app_path_errors_but_a_missing_dependency_keeps_its_
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_of_the_service") as raised:
         load_app("needs_more:app")
     assert not isinstance(raised.value, AppPathError)
+
+
+def test_chaos_finds_the_local_cluster_script_of_the_checkout() -> None:
+    from pipeline.testing import chaos
+
+    assert chaos.KAFKA_SH == ROOT / "deploy" / "local" / "kafka.sh"
