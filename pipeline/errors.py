@@ -1,4 +1,4 @@
-"""What to do about a Kafka error raised inside a transaction (rule 5 of the contract)."""
+"""What to do about a Kafka error raised inside a transaction (docs/guarantees.md: unknown-commit-retried)."""
 
 from __future__ import annotations
 

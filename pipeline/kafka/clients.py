@@ -1,4 +1,5 @@
-"""The Kafka client configurations every runner shares: where rule 3 (read_committed, no auto-commit) is set once."""
+"""The Kafka client configurations every runner shares: where read_committed and no auto-commit are set, once
+(docs/guarantees.md: read-committed)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""errors.classify (rule 5): an unknown outcome is retried, an abortable error aborts, anything else drops."""
+"""errors.classify (docs/guarantees.md: unknown-commit-retried): an unknown outcome is retried, an abortable error
+aborts, anything else drops."""
 
 from __future__ import annotations
 
