@@ -1,5 +1,5 @@
 """Restore of one partition's state: latest complete full snapshot + the changelog since, in steps that never block
-the poll loop for long (rule 8).
+the poll loop for long (docs/guarantees.md: restore-keeps-membership, complete-restore).
 
     scan      the snapshot topic's partition p is scanned back from its end for manifests (snapshot_finder.py)
     load      the newest manifest's chunks are read and verified; a corrupt or incomplete snapshot is skipped with a
@@ -14,10 +14,15 @@ If the changelog no longer reaches back to the snapshot (retention, delete_recor
 RestoreError that says what is missing and how to repair it; it never starts from empty state silently. Records
 deleted under a running restore (the compaction job's retention) make it start over, a bounded number of times.
 `records` counts changelog records read, `snapshot_entries` the state entries taken from the snapshot.
+
+ChangelogRestore restores one partition. RestoreManager (as Kafka Streams' StoreChangelogReader, Quix's
+RecoveryManager) keeps every restore of one runner: started when p is assigned, stepped between polls within one
+budget, started again after broker trouble (bounded by RESTORE_TIMEOUT_MS), forgotten when p is revoked.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -25,16 +30,19 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.offsets import CheckedConsumer, OffsetsTruncated, TailReader, high_watermarks, low_watermarks
+from pipeline.kafka.offsets import (
+    CheckedConsumer,
+    EndOffsetsTimeout,
+    OffsetsTruncated,
+    TailReader,
+    high_watermarks,
+    low_watermarks,
+)
+from pipeline.serde import Serde
+from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
-from pipeline.state.snapshot_finder import (
-    ChunkLoad,
-    InvalidSnapshot,
-    ManifestScan,
-    precheck,
-    snapshot_bounds,
-)
+from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
 from pipeline.state.snapshot_format import Manifest
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,13 @@ MAX_RESTARTS = 3
 
 class RestoreError(RuntimeError):
     """p's state cannot be restored completely; the message says what is missing and how to repair it."""
+
+
+class RestorePhase(enum.Enum):
+    SCAN = "scan"  # looking for the newest manifest in the snapshot topic
+    LOAD = "load"  # reading and verifying that snapshot's chunks
+    TAIL = "tail"  # reading the changelog from where the snapshot ends up to the high watermark
+    DONE = "done"
 
 
 class ChangelogRestore:
@@ -76,7 +91,7 @@ class ChangelogRestore:
         self.started = time.monotonic()
         self.snapshot_seconds = 0.0  # finding and loading the snapshot
         self.tail_seconds = 0.0  # reading the changelog tail
-        self.phase = "scan"
+        self.phase = RestorePhase.SCAN
         self._admin = admin
         self._request_timeout_s = request_timeout_s
         self._deadline = self.started + timeout_s
@@ -106,7 +121,7 @@ class ChangelogRestore:
         if self.snapshot_topic is not None:
             low, end = snapshot_bounds(self._admin, self.snapshot_topic, [p], timeout)[p]
             self._scan = ManifestScan(self._checked, self.snapshot_topic, p, low, end, self._skip_unreadable)
-            self.phase = "scan"
+            self.phase = RestorePhase.SCAN
         else:
             self._start_tail(None)
 
@@ -126,17 +141,17 @@ class ChangelogRestore:
     # -- the steps -----------------------------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.phase == "done"
+        return self.phase is RestorePhase.DONE
 
     def step(self, budget_s: float) -> bool:
         """Works for at most about budget_s; True once p's state is complete and verified."""
         until = time.monotonic() + budget_s
         try:
-            while self.phase != "done" and time.monotonic() < until:
+            while self.phase is not RestorePhase.DONE and time.monotonic() < until:
                 remaining = max(0.001, until - time.monotonic())
-                if self.phase == "scan":
+                if self.phase is RestorePhase.SCAN:
                     self._step_scan(remaining)
-                elif self.phase == "load":
+                elif self.phase is RestorePhase.LOAD:
                     self._step_load(remaining)
                 else:
                     self._step_tail(remaining)
@@ -144,9 +159,10 @@ class ChangelogRestore:
             self._restart(str(e))
             return False
         self._progress()
-        if self.phase != "done":
+        if self.phase is not RestorePhase.DONE:
             if time.monotonic() > self._deadline:
-                raise RestoreError(f"restore of p{self.partition} timed out in phase {self.phase}: {self._stuck()}")
+                raise RestoreError(f"restore of p{self.partition} timed out in phase {self.phase.value}: "
+                                   f"{self._stuck()}")
             return False
         self._verify_checkpoint()
         return True
@@ -166,7 +182,7 @@ class ChangelogRestore:
             if manifest.changelog_offset < self.changelog_start:
                 self._refuse_truncated(manifest)
             self._load = ChunkLoad(self._checked, self.snapshot_topic, self.partition, offset, manifest)
-            self.phase = "load"
+            self.phase = RestorePhase.LOAD
             self._prefetch(manifest.changelog_offset)
         elif scan.exhausted:
             self._start_tail(None)
@@ -181,7 +197,7 @@ class ChangelogRestore:
             entries = load.finish()
         except InvalidSnapshot as e:
             self._load = None
-            self.phase = "scan"
+            self.phase = RestorePhase.SCAN
             self._invalid(load.manifest_offset, load.manifest, str(e))
             return
         self._load = None
@@ -206,7 +222,7 @@ class ChangelogRestore:
         else:
             self._drop_prefetch()
             self._reader = TailReader(self._checked, self.topic, {self.partition: start}, {self.partition: self.end})
-        self.phase = "tail"
+        self.phase = RestorePhase.TAIL
         self.snapshot_seconds = time.monotonic() - self.started
 
     def _step_tail(self, budget_s: float) -> None:
@@ -214,7 +230,7 @@ class ChangelogRestore:
         while not self._reader.done and time.monotonic() < until:
             self._apply(self._reader.step(timeout_s=min(0.05, budget_s)))
         if self._reader.done:
-            self.phase = "done"
+            self.phase = RestorePhase.DONE
             self.tail_seconds = time.monotonic() - self.started - self.snapshot_seconds
 
     # -- failures --------------------------------------------------------------------------------------------------
@@ -299,18 +315,18 @@ class ChangelogRestore:
         if time.monotonic() <= self._next_progress:
             return
         self._next_progress += PROGRESS_EVERY_S
-        if self.phase == "tail":
+        if self.phase is RestorePhase.TAIL:
             log.info("restoring p%d: %d snapshot entries, %d changelog records, position %d of %d", self.partition,
                      self.snapshot_entries, self.records, self._reader.positions[self.partition], self.end)
         else:
             log.info("restoring p%d: %s, %d snapshot records read", self.partition,
-                     "looking for the latest snapshot" if self.phase == "scan" else "loading the snapshot",
+                     "looking for the latest snapshot" if self.phase is RestorePhase.SCAN else "loading the snapshot",
                      self.snapshot_records + (self._load.records if self._load else 0))
 
     def _stuck(self) -> str:
-        if self.phase == "scan":
+        if self.phase is RestorePhase.SCAN:
             return f"{self.snapshot_topic}: {self._scan.stuck()}"
-        if self.phase == "load":
+        if self.phase is RestorePhase.LOAD:
             return f"{self.snapshot_topic}: loading chunks of {self._load.manifest.snapshot_id}"
         return f"{self.topic}: {self._reader.stuck()}"
 
@@ -331,6 +347,89 @@ class ChangelogRestore:
                 "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
                 f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."
             )
+
+
+class RestoreManager:
+    """Every restore of one runner. The runner starts p's restore when p is assigned (after the fence), steps all
+    of them between polls, takes the finished ones (state, snapshot, changelog end) and forgets p when it goes."""
+
+    def __init__(self, settings: Settings, changelog_topic: str, snapshot_topic: str | None, state_serde: Serde,
+                 make_consumer: Callable[[], Consumer], make_admin: Callable[[], AdminClient],
+                 admin: AdminClient) -> None:
+        self._changelog_topic, self._snapshot_topic, self._state_serde = changelog_topic, snapshot_topic, state_serde
+        self._make_consumer, self._make_admin, self._admin = make_consumer, make_admin, admin
+        self._timeout_s = settings.restore_timeout_ms / 1000
+        self._request_timeout_s = settings.request_timeout_ms / 1000
+        self._step_s = settings.restore_step_ms / 1000
+        self._strict = settings.exactly_once
+        self._committed: dict[int, int | None] = {}  # every partition being restored: the offset to match
+        self._running: dict[int, ChangelogRestore] = {}
+        self._retry_at: dict[int, float] = {}  # after broker trouble: when to start again
+        self._failing_since: dict[int, float] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._committed)
+
+    def running(self) -> dict[int, ChangelogRestore]:
+        return dict(self._running)
+
+    def start(self, p: int, committed_offset: int | None) -> None:
+        """Starts restoring p's state, which must come out covering the group's committed offset of p."""
+        self._committed[p] = committed_offset
+        self._open(p)
+
+    def step(self) -> list[ChangelogRestore]:
+        """Works on every restore for about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership);
+        returns the ones that finished, forgotten here. Raises RestoreError if a state cannot be complete."""
+        now = time.monotonic()
+        for p, retry_at in list(self._retry_at.items()):
+            if now >= retry_at:
+                del self._retry_at[p]
+                self._open(p)
+        if not self._running:
+            return []
+        budget, finished = self._step_s / len(self._running), []
+        for p, restore in list(self._running.items()):
+            try:
+                done = restore.step(budget)
+            except RestoreError:
+                self.forget(p)
+                raise
+            except EndOffsetsTimeout as e:
+                self._running.pop(p).close()
+                self._later(p, e)
+                continue
+            if done:
+                self.forget(p)
+                finished.append(restore)
+        return finished
+
+    def forget(self, p: int) -> None:
+        if (restore := self._running.pop(p, None)) is not None:
+            restore.close()
+        for table in (self._committed, self._retry_at, self._failing_since):
+            table.pop(p, None)
+
+    def _open(self, p: int) -> None:
+        state = PartitionState(self._state_serde)  # a restore started again starts from nothing again
+        try:
+            self._running[p] = ChangelogRestore(
+                self._make_consumer, self._admin, self._changelog_topic, p, state, self._committed[p],
+                self._timeout_s, self._request_timeout_s, strict=self._strict, snapshot_topic=self._snapshot_topic,
+            )
+        except EndOffsetsTimeout as e:
+            self._later(p, e)
+
+    def _later(self, p: int, error: Exception) -> None:
+        """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""
+        now = time.monotonic()
+        failing_since = self._failing_since.setdefault(p, now)
+        if now - failing_since > self._timeout_s:
+            raise RestoreError(f"p{p}: restore kept failing for {now - failing_since:.0f}s: {error}") from error
+        log.warning("p%d: restore cannot go on yet (%s); starting it again in 1 s", p, error)
+        self._retry_at[p] = now + 1.0
+        self._admin = self._make_admin()  # librdkafka may keep stale leader epochs
 
 
 def _positions(items: list, value: object) -> list[int]:
