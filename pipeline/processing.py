@@ -1,14 +1,85 @@
 """Turning one input record into outputs, the same way in both sinks: decode, call `process`, and on failure undo,
-back off and try again, then dead-letter or stop (docs/guarantees.md: no-silent-skip)."""
+back off and try again, then dead-letter or stop (docs/guarantees.md: no-silent-skip).
+
+Each sink makes the first attempt itself, inline in its batch loop (the Kafka sink's loop is the hot path: no extra
+call per record). Only a failure takes the shared path, `Attempts.retry`, which returns the outputs of a later
+attempt that succeeded or the DeadLetter to write; where the dead letter goes is the sink's business (produced into
+the open Kafka transaction, or a row in the PostgreSQL batch's transaction: either way it commits with the offset
+that moves past the record).
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
 from confluent_kafka import Message
+from prometheus_client import Counter
 
 from pipeline.app import App, Record
+from pipeline.deadletter import DeadLetter
+from pipeline.settings import Settings
+from pipeline.state import PartitionState
+
+log = logging.getLogger(__name__)
+Outputs = TypeVar("Outputs")
+
+
+class PoisonRecordStop(Exception):
+    """A record kept failing and on_poison=stop."""
 
 
 def record_from_message(app: App, msg: Message) -> Record:
     """A consumed message as the Record `process` receives (decoding may raise: the record is then poison)."""
     return app.decode(msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1],
                       msg.headers())
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """How a record whose first attempt failed is tried again: up to `max_attempts` attempts in all, the back-off
+    doubling from `backoff_s`, then a dead letter (or PoisonRecordStop with on_poison=stop)."""
+
+    max_attempts: int
+    backoff_s: float
+    stop_on_poison: bool
+    errors: Counter  # failed attempts of this partition
+    dead_letters: Counter
+    sleep: Callable[[float], None] = time.sleep
+
+    @classmethod
+    def of(cls, settings: Settings, errors: Counter, dead_letters: Counter,
+           sleep: Callable[[float], None] = time.sleep) -> Attempts:
+        return cls(settings.processing_max_attempts, settings.processing_backoff_ms / 1000,
+                   settings.on_poison == "stop", errors, dead_letters, sleep)
+
+    def retry(self, state: PartitionState, msg: Message, error: Exception,
+              try_once: Callable[[], Outputs]) -> Outputs | DeadLetter:
+        """Called right after the first attempt at `msg` failed with `error`, its state changes still in place.
+        Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
+        it was before the record. `try_once` decodes and processes the record again and returns its outputs."""
+        attempt = 1
+        while True:
+            state.undo_record()
+            self.errors.inc()
+            if attempt >= self.max_attempts:
+                return self._give_up(msg, error, attempt)
+            self.sleep(self.backoff_s * 2 ** (attempt - 1))
+            attempt += 1
+            state.begin_record()
+            try:
+                return try_once()
+            except Exception as again:  # from decoding or from user code: still poison
+                error = again
+
+    def _give_up(self, msg: Message, error: Exception, attempts: int) -> DeadLetter:
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        if self.stop_on_poison:
+            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
+        self.dead_letters.inc()
+        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
+        return DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), type(error).__name__,
+                          str(error), attempts)

@@ -34,6 +34,7 @@ from pipeline.kafka.clients import client_config, consumer_config, producer_conf
 from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.loop import FatalRunnerError, PollLoop
+from pipeline.processing import PoisonRecordStop
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import changelog_topic
@@ -43,7 +44,6 @@ from pipeline.task import (
     PartitionDropped,
     PartitionTask,
     Phase,
-    PoisonRecordStop,
     TaskContext,
     TransactionAborted,
 )

@@ -29,6 +29,7 @@ from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
 from pipeline.kafka.clients import produce_waiting
 from pipeline.metrics import Metrics
+from pipeline.processing import Attempts, record_from_message
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.serde import BytesSerde, Serde
 from pipeline.settings import Settings
@@ -56,10 +57,6 @@ class TransactionAborted(Exception):
 
 class PartitionDropped(Exception):
     """The producer can never commit again (fenced, fatal, or an outcome that stayed unknown)."""
-
-
-class PoisonRecordStop(Exception):
-    """A record kept failing and on_poison=stop."""
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
@@ -113,7 +110,9 @@ class PartitionTask:
         self._encode = self._encoder()  # Output -> produce arguments, built once
         self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
         self._records_out = ctx.metrics.records_out.labels(self.label)
-        self._processing_errors = ctx.metrics.processing_errors.labels(self.label)
+        # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
+        self._attempts = Attempts.of(s, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters,
+                                     sleep=time.sleep)
 
     # -- 1. fence, before anything of p is read ---------------------------------------------------------------------
     def fence(self) -> None:
@@ -185,33 +184,16 @@ class PartitionTask:
                           -1 if o.partition is None else o.partition, o.headers)
 
     def _retry(self, msg: Message, error: Exception) -> list[tuple] | None:
-        """After a failed attempt: undo, back off, try again; at the limit dead-letter (None) or stop (rule 6)."""
-        s, app = self.ctx.settings, self.ctx.app
-        for attempt in range(1, s.processing_max_attempts + 1):
-            self.state.undo_record()
-            self._processing_errors.inc()
-            if attempt == s.processing_max_attempts:
-                self._give_up(msg, error, attempt)
-                return None
-            time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
-            self.state.begin_record()
-            try:
-                record = Record(app.key_serde.deserialize(msg.key()), app.value_serde.deserialize(msg.value()),
-                                msg.topic(), self.partition, msg.offset(), msg.timestamp()[1], msg.headers() or ())
-                return [self._encode(o) for o in app.process(self.state, record)]
-            except Exception as again:
-                error = again
+        """After a failed first attempt: the shared retry path (pipeline/processing.py). Its dead letter goes into
+        the open transaction, which commits it with the offset past the record; None then (no outputs)."""
+        app, state, encode = self.ctx.app, self.state, self._encode
+        outcome = self._attempts.retry(
+            state, msg, error, lambda: [encode(o) for o in app.process(state, record_from_message(app, msg))]
+        )
+        if not isinstance(outcome, DeadLetter):
+            return outcome
+        self._produce(self.ctx.dead_letter_topic, outcome.key, outcome.value, self.partition, outcome.headers())
         return None
-
-    def _give_up(self, msg: Message, error: Exception, attempts: int) -> None:
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
-        if self.ctx.settings.on_poison == "stop":
-            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
-        letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                            type(error).__name__, str(error), attempts)
-        self._produce(self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
-        self.ctx.metrics.dead_letters.inc()
-        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
 
     def _produce(self, topic: str, key, value, partition: int, headers: list, **kwargs) -> None:
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""

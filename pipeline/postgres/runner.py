@@ -37,8 +37,8 @@ from pipeline.loop import PollLoop
 from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
+from pipeline.processing import PoisonRecordStop
 from pipeline.settings import ConfigError, Settings
-from pipeline.task import PoisonRecordStop
 
 log = logging.getLogger(__name__)
 REFENCE_AFTER_S = 2.0  # after our epoch check failed: take p over again only if the group still gives it to us

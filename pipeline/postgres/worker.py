@@ -4,7 +4,9 @@
                 write transaction of an older owner (a zombie) fails its epoch check and rolls back.
     restore()   after the fence: p's next offset and state from the tables, in one REPEATABLE READ snapshot; the
                 runner seeks the consumer there. Kafka's group offsets are not read: the database is the truth.
-    process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O)
+    process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O);
+                a record that fails is retried, then dead-lettered into the batch or stops p
+                (pipeline/processing.py; docs/guarantees.md: no-silent-skip)
     commit()    ONE transaction: advance p's offset row WHERE epoch = ours (0 rows: fenced -> roll back), write the
                 outputs through the sink, upsert/delete the changed state keys, insert the dead letters; commit.
     after any failure: nothing of the batch stays (one transaction). The runner throws this worker away and takes
@@ -29,14 +31,14 @@ import psycopg_pool
 from confluent_kafka import Message
 from psycopg import sql
 
-from pipeline.app import App, Output, Record
+from pipeline.app import App, Output
 from pipeline.deadletter import DeadLetter
 from pipeline.metrics import Metrics
 from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.postgres.sink import OutputRow, TableSink, Target
+from pipeline.processing import Attempts, record_from_message
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
-from pipeline.task import PoisonRecordStop
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,10 @@ class PgWorker:
         self._dead: list[DeadLetter] = []
         self._batch_records = 0
         self._batch_started = 0.0
+        self._records_in = ctx.metrics.records_in.labels(self.label)
+        self._records_out = ctx.metrics.records_out.labels(self.label)
+        self._attempts = Attempts.of(ctx.settings, ctx.metrics.processing_errors.labels(self.label),
+                                     ctx.metrics.dead_letters)
         offsets, state, dead = (ctx.table(t.name) for t in (OFFSETS, STATE, DEAD_LETTERS))
         self._sql_fence = sql.SQL(
             "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
@@ -154,57 +160,37 @@ class PgWorker:
 
     # -- 3. process: in memory only ------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:
+        app, state = self.ctx.app, self.state
         processed = 0
         for msg in messages:
-            if self.next_offset is not None and msg.offset() < self.next_offset:
+            offset = msg.offset()
+            if self.next_offset is not None and offset < self.next_offset:
                 continue  # fetched before the seek to the restored offset took effect
             if not self._batch_records:
                 self._batch_started = time.monotonic()
-            self._process_one(msg)
-            self.next_offset = msg.offset() + 1
+            state.begin_record()
+            try:
+                outputs = list(app.process(state, record_from_message(app, msg)))
+            except Exception as error:  # decoding or user code: poison until proven otherwise
+                outputs = self._retry(msg, error)
+            self._rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
+            self._records_out.inc(len(outputs))
+            self.next_offset = offset + 1
             self._batch_records += 1
             processed += 1
-        self.ctx.metrics.records_in.labels(self.label).inc(processed)
+        self._records_in.inc(processed)
 
-    def _process_one(self, msg: Message) -> None:
-        s = self.ctx.settings
-        for attempt in range(1, s.processing_max_attempts + 1):
-            self.state.begin_record()
-            try:
-                outputs = self._outputs(msg)
-            except Exception as error:  # decoding or user code: poison until proven otherwise
-                self.state.undo_record()
-                self.ctx.metrics.processing_errors.labels(self.label).inc()
-                if attempt == s.processing_max_attempts:
-                    self._give_up(msg, error, attempt)
-                    return
-                time.sleep(s.processing_backoff_ms / 1000 * 2 ** (attempt - 1))
-                continue
-            self._rows.extend(OutputRow(self.partition, msg.offset(), out) for out in outputs)
-            self.ctx.metrics.records_out.labels(self.label).inc(len(outputs))
-            return
-
-    def _outputs(self, msg: Message) -> list[Output]:
-        app = self.ctx.app
-        record = Record(
-            key=app.key_serde.deserialize(msg.key()),
-            value=app.value_serde.deserialize(msg.value()),
-            topic=msg.topic(),
-            partition=msg.partition(),
-            offset=msg.offset(),
-            timestamp_ms=msg.timestamp()[1],
-            headers=tuple(msg.headers() or ()),
+    def _retry(self, msg: Message, error: Exception) -> list[Output]:
+        """After a failed first attempt: the shared retry path (pipeline/processing.py). Its dead letter becomes a
+        row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
+        app, state = self.ctx.app, self.state
+        outcome = self._attempts.retry(
+            state, msg, error, lambda: list(app.process(state, record_from_message(app, msg)))
         )
-        return list(app.process(self.state, record))
-
-    def _give_up(self, msg: Message, error: Exception, attempts: int) -> None:
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
-        if self.ctx.settings.on_poison == "stop":
-            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
-        self._dead.append(DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                     type(error).__name__, str(error), attempts))
-        self.ctx.metrics.dead_letters.inc()
-        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
+        if isinstance(outcome, DeadLetter):
+            self._dead.append(outcome)
+            return []
+        return outcome
 
     # -- 4. commit: one database transaction -----------------------------------------------------------------------
     @property

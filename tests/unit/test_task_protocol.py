@@ -18,6 +18,7 @@ import pipeline.task as task_module
 from pipeline.app import App, Output
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.metrics import Metrics
+from pipeline.processing import PoisonRecordStop
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
@@ -25,7 +26,6 @@ from pipeline.task import (
     PartitionDropped,
     PartitionTask,
     Phase,
-    PoisonRecordStop,
     TaskContext,
     TransactionAborted,
     transactional_id,
@@ -344,7 +344,7 @@ def test_at_least_once_commit_flushes_then_commits_offsets_on_the_consumer() -> 
     assert h.calls[-1][1] == ([(INPUT, P, 2)],)
 
 
-# -- errors in commit (rule 5) ----------------------------------------------------------------------------------------
+# -- errors in commit (docs/guarantees.md: unknown-commit-retried) -----------------------------------------------------
 @pytest.mark.parametrize("method", ["commit_transaction", "send_offsets_to_transaction"])
 def test_a_retriable_error_is_retried_and_not_aborted(method: str) -> None:
     h = Harness()
@@ -477,7 +477,7 @@ def test_an_abort_that_fails_fenced_drops_the_partition() -> None:
         task.abort_and_rewind()
 
 
-# -- poison records (rule 6) ----------------------------------------------------------------------------------------
+# -- poison records (docs/guarantees.md: no-silent-skip) ---------------------------------------------------------------
 def dlq_headers(row: dict) -> dict[str, bytes]:
     return {k: v for k, v in row["headers"] if k.startswith("eos.dlq.")}
 
