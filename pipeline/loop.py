@@ -1,20 +1,27 @@
 """What every runner shares: subscribe with rebalance callbacks, poll until stopped (SIGTERM/SIGINT), shut down
-cleanly, and serve /metrics and /ready while running. Runners supply open(), _loop_once(), the rebalance callbacks,
-is_ready() and _shutdown()."""
+cleanly, serve /metrics and /ready while running, and the take-over details both runners need (resume after assign,
+the pause of a dropped or stopped partition, when to take a fenced partition over again). Runners supply open(),
+_loop_once(), _on_assign(), _close_partition(), _owned_partitions() and _shutdown()."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Mapping
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from pipeline.lifecycle import Lifecycle, Phase
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
+# After a partition was dropped (Kafka: fenced or fatal producer; PostgreSQL: our epoch check failed): take it over
+# again only after this long, and only if the group still gives it to this process.
+REFENCE_AFTER_S = 2.0
 
 
 class FatalRunnerError(RuntimeError):
@@ -33,6 +40,7 @@ class PollLoop:
         self.metrics = Metrics()
         self.consumer = None
         self._stop = threading.Event()
+        self._next_gauge_update = 0.0
 
     def run(self) -> None:
         self.open()
@@ -54,6 +62,26 @@ class PollLoop:
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+
+    def is_ready(self) -> bool:
+        return all(owned.phase is Phase.RUNNING for owned in self._owned_partitions().values())
+
+    def _owned(self) -> int:
+        return len(self._owned_partitions())
+
+    def _update_gauges(self) -> None:
+        """Readiness and lag, at most once a second."""
+        now = time.monotonic()
+        if now < self._next_gauge_update:
+            return
+        self._next_gauge_update = now + 1.0
+        self.metrics.ready.set(1 if self.is_ready() else 0)
+        for p, owned in self._owned_partitions().items():
+            if owned.phase is Phase.RUNNING and owned.next_offset is not None:
+                # Cached from fetch responses: no request to the broker.
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                if high >= 0:
+                    self.metrics.lag.labels(str(p)).set(max(0, high - owned.next_offset))
 
     def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
         """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""
@@ -89,11 +117,30 @@ class PollLoop:
             self._close_partition(tp.partition, commit=self.commit_on_lost)
         self.metrics.assigned.set(self._owned())
 
+    # -- taking partitions over ---------------------------------------------------------------------------------------
+    def _resume_assigned(self, partitions: list[int]) -> None:
+        """Resumes partitions just assigned (or taken over while assigned). librdkafka keeps a pause across
+        unassign/assign: without this a partition paused by a drop (fenced) and then lost or taken over again stayed
+        paused for good (seen in a chaos zombie run)."""
+        self.consumer.resume([TopicPartition(self.input_topic, p) for p in partitions])
+
+    def _pause(self, p: int) -> None:
+        self.consumer.pause([TopicPartition(self.input_topic, p)])
+
+    def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
+        """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
+        (the runner has committed what came before it)."""
+        log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was "
+                  "committed.", owned.partition, owned.next_offset, error)
+        owned.stop(str(error))
+        self._pause(owned.partition)
+
     # -- supplied by each runner -------------------------------------------------------------------------------------
     def open(self) -> None:
         raise NotImplementedError
 
-    def is_ready(self) -> bool:
+    def _owned_partitions(self) -> Mapping[int, Lifecycle]:
+        """p -> its task (Kafka sink) or worker (PostgreSQL sink), for every partition this process owns."""
         raise NotImplementedError
 
     def _loop_once(self) -> None:
@@ -106,7 +153,4 @@ class PollLoop:
         raise NotImplementedError
 
     def _close_partition(self, p: int, commit: bool) -> None:
-        raise NotImplementedError
-
-    def _owned(self) -> int:
         raise NotImplementedError

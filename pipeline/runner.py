@@ -1,13 +1,16 @@
-"""The runner: one consumer per process, one PartitionTask per owned input partition.
+"""The runner of the Kafka sink: one consumer per process, one PartitionTask per owned input partition.
 
-Lifecycle of partition p in this process (every transition is named by the task's Phase):
-    assigned  -> fence (init_transactions) -> read committed offset -> assign paused at that offset  [NEW]
-    restoring -> changelog read in short steps between polls, p paused                              [RESTORING]
-    running   -> p resumed; records processed into transactions, committed on interval/size         [RUNNING]
-    aborted   -> state undone, seek back to the committed offset                                    [REWINDING]
-    revoked   -> open transaction committed, producer closed, state dropped                         [CLOSED]
-    lost      -> open transaction aborted (someone else owns p now), producer closed                [CLOSED]
-    fenced    -> nothing committed; p is re-fenced later if the group still gives it to us          [DROPPED]
+Lifecycle of partition p in this process: the task's Phase (pipeline/lifecycle.py), moved by the task's methods.
+    assigned  -> fence (init_transactions) -> read committed offset -> assign at that offset              NEW
+    restoring -> p paused; the changelog read in short steps between polls                     NEW -> RESTORING
+    running   -> task.restored(...), p resumed (a stateless app starts here); records processed into
+                 transactions, committed on interval/size                          RESTORING (or NEW) -> RUNNING
+    aborted   -> state undone, seek back to the committed offset               RUNNING -> REWINDING -> RUNNING
+    poison    -> on_poison=stop: what came before is committed, p paused                    RUNNING -> STOPPED
+    fenced    -> nothing committed, p paused; after REFENCE_AFTER_S a new task fences and restores p again
+                 if the group still gives it to us                                          RUNNING -> DROPPED
+    revoked   -> open transaction committed, producer flushed, state dropped                          -> CLOSED
+    lost      -> open transaction aborted (someone else owns p now), producer flushed                 -> CLOSED
 """
 
 from __future__ import annotations
@@ -33,24 +36,17 @@ from pipeline.deadletter import dead_letter_topic
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
-from pipeline.loop import FatalRunnerError, PollLoop
+from pipeline.lifecycle import Phase
+from pipeline.loop import REFENCE_AFTER_S, FatalRunnerError, PollLoop
 from pipeline.processing import PoisonRecordStop
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.restore import ChangelogRestore, RestoreError
 from pipeline.state.snapshot_format import snapshot_topic
-from pipeline.task import (
-    PartitionDropped,
-    PartitionTask,
-    Phase,
-    TaskContext,
-    TransactionAborted,
-)
+from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
 
 log = logging.getLogger(__name__)
-REFENCE_AFTER_S = 2.0
-
 
 
 class Runner(PollLoop):
@@ -76,7 +72,6 @@ class Runner(PollLoop):
         self.admin = AdminClient(client_config(settings))
         self.ctx: TaskContext | None = None
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
-        self._next_gauge_update = 0.0
 
     # -- clients -----------------------------------------------------------------------------------------------------
     def _make_producer(self, txn_id: str | None) -> Producer:
@@ -108,9 +103,6 @@ class Runner(PollLoop):
                  self.output_topic, s.processing_guarantee, s.redacted_kafka())
         super().run()
 
-    def is_ready(self) -> bool:
-        return all(t.phase is Phase.RUNNING for t in self.tasks.values())
-
     def _shutdown(self) -> None:
         for p in list(self.tasks):
             if self.settings.snapshot_on_shutdown:
@@ -133,19 +125,6 @@ class Runner(PollLoop):
         self._retry_rewinds_and_drops()
         self._update_gauges()
 
-    def _update_gauges(self) -> None:
-        now = time.monotonic()
-        if now < self._next_gauge_update:
-            return
-        self._next_gauge_update = now + 1.0
-        self.metrics.ready.set(1 if self.is_ready() else 0)
-        for p, task in self.tasks.items():
-            if task.phase is Phase.RUNNING and task.next_offset is not None:
-                # Cached from fetch responses: no request to the broker.
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
-                if high >= 0:
-                    self.metrics.lag.labels(str(p)).set(max(0, high - task.next_offset))
-
     def _dispatch(self, messages: list[Message]) -> None:
         for p, batch in self._by_partition(messages).items():
             task = self.tasks.get(p)
@@ -161,7 +140,8 @@ class Runner(PollLoop):
             list(self._commit_pool.map(lambda t: self._guarded(t, t.commit), due))
 
     def _guarded(self, task: PartitionTask, step: Callable, *args) -> None:
-        """Runs one step of a task and turns its failures into the transitions of rules 4-6."""
+        """Runs one step of a task and turns its failures into the task's transitions (docs/guarantees.md:
+        rewind-after-abort, unknown-commit-retried, no-silent-skip)."""
         try:
             step(*args)
         except TransactionAborted as e:
@@ -175,17 +155,14 @@ class Runner(PollLoop):
             self._drop(task, str(e))
         except PoisonRecordStop as e:
             self._guarded(task, task.commit)  # what came before the poison record is good: keep it
-            log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on "
-                      "was committed.", task.partition, task.next_offset, e)
-            task.phase = Phase.STOPPED
-            task.error = str(e)
-            self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+            if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
+                self._stop_partition(task, e)
 
     def _drop(self, task: PartitionTask, reason: str) -> None:
         log.warning("p%d: dropped without committing: %s", task.partition, reason)
         task.drop(reason)
         self.metrics.fenced.inc()
-        self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+        self._pause(task.partition)
         self._dropped_at[task.partition] = time.monotonic()
 
     def _retry_rewinds_and_drops(self) -> None:
@@ -209,7 +186,7 @@ class Runner(PollLoop):
 
     def _take_over(self, partitions: list[int], reassign: bool) -> None:
         tasks = [PartitionTask(self.ctx, p) for p in partitions]
-        self._fence_all(tasks)  # rule 1: before any of p's offsets or state are read
+        self._fence_all(tasks)  # before any of p's offsets or state are read (docs/guarantees.md: fence-first)
         committed = self._committed_offsets(partitions)
         if reassign:  # still assigned (and paused) since the drop: only the position moves
             for p in partitions:
@@ -220,14 +197,12 @@ class Runner(PollLoop):
                 [TopicPartition(self.input_topic, p, OFFSET_INVALID if committed[p] is None else committed[p])
                  for p in partitions]
             )
-        # Paused since a drop (fenced), and librdkafka keeps a pause across unassign/assign: without this a stateless
-        # partition dropped and then lost or re-taken stayed paused for good (seen in a chaos zombie run).
-        self.consumer.resume([TopicPartition(self.input_topic, p) for p in partitions])
+        self._resume_assigned(partitions)
         for task in tasks:
             self.tasks[task.partition] = task
             task.start(committed[task.partition])
             if task.phase is Phase.RESTORING:
-                self.consumer.pause([TopicPartition(self.input_topic, task.partition)])
+                self._pause(task.partition)
                 self._begin_restore(task)
         self.metrics.assigned.set(len(self.tasks))
         log.info("assigned %s (committed offsets %s)", partitions, committed)
@@ -299,17 +274,22 @@ class Runner(PollLoop):
             if finished:
                 self._end_restore(p)
                 self._restore_failing_since.pop(p, None)
-                task = self.tasks[p]
-                task.phase = Phase.RUNNING
-                task.snapshot_base, task.changelog_end = restore.snapshot, restore.end
-                self.consumer.resume([TopicPartition(self.input_topic, p)])
-                self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
-                self.metrics.restore_records.labels(str(p)).inc(restore.records)
-                self.metrics.restore_snapshot_entries.labels(str(p)).inc(restore.snapshot_entries)
-                log.info("p%d restored: %d keys from %d snapshot entries (%s) and %d changelog records in %.2fs", p,
-                         len(task.state), restore.snapshot_entries,
-                         restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
-                         restore.seconds)
+                self._restored(restore)
+
+    def _restored(self, restore: ChangelogRestore) -> None:
+        p = restore.partition
+        self.tasks[p].restored(restore.state, restore.snapshot, restore.end)
+        self.consumer.resume([TopicPartition(self.input_topic, p)])
+        self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
+        self.metrics.restore_records.labels(str(p)).inc(restore.records)
+        self.metrics.restore_snapshot_entries.labels(str(p)).inc(restore.snapshot_entries)
+        log.info("p%d restored: %d keys from %d snapshot entries (%s) and %d changelog records in %.2fs", p,
+                 len(restore.state), restore.snapshot_entries,
+                 restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
+                 restore.seconds)
+
+    def _end_restore(self, p: int) -> None:
+        self.restores.pop(p).close()
 
     def _snapshot(self, task: PartitionTask) -> None:
         """Commits what is open, then publishes the state as a full snapshot (SNAPSHOT_ON_SHUTDOWN)."""
@@ -321,12 +301,9 @@ class Runner(PollLoop):
                      "input < %s (%.2fs)", task.partition, manifest.snapshot_id, manifest.entries, manifest.chunks,
                      manifest.changelog_offset, manifest.input_offset, time.monotonic() - started)
 
-    def _end_restore(self, p: int) -> None:
-        self.restores.pop(p).close()
-
     # -- revocation --------------------------------------------------------------------------------------------------
-    def _owned(self) -> int:
-        return len(self.tasks)
+    def _owned_partitions(self) -> dict[int, PartitionTask]:
+        return self.tasks
 
     def _close_partition(self, p: int, commit: bool) -> None:
         if p in self.restores:

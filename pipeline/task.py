@@ -1,21 +1,29 @@
 """worker(p): the exactly-once protocol for one input partition, top to bottom.
 
-    fence()            init_transactions() on transactional.id(p): aborts any zombie transaction, fences the zombie
-    start(committed)   the group's committed offset, read after fencing, becomes the position
-    restore            (pipeline/state/restore.py) rebuilds p's state; p stays paused meanwhile
-    process(records)   decode -> process -> produce outputs, all inside one open transaction
-    commit()           state changes + checkpoint to the changelog, offsets to the transaction, commit
-    abort_and_rewind() abort, undo state to the last commit, seek back to the committed offset
-    close()            commit (or abort) what is open, then close the producer
+    fence()             init_transactions() on transactional.id(p): aborts any zombie transaction, fences the zombie
+                        (docs/guarantees.md: fence-first)                                                       NEW
+    start(committed)    the group's committed offset, read after fencing, becomes the position      -> RESTORING
+                        (a stateless app has nothing to restore                                     -> RUNNING)
+    restored(state)     pipeline/state/restore.py rebuilt p's state while p stayed paused   RESTORING -> RUNNING
+    process(records)    decode -> process -> produce outputs, all inside one open transaction; a record that
+                        fails is retried, then dead-lettered into the same transaction or stops p
+                        (pipeline/processing.py; docs/guarantees.md: no-silent-skip)          RUNNING -> STOPPED
+    commit()            state changes + checkpoint to the changelog, offsets to the transaction, commit
+                        (docs/guarantees.md: one-transaction)
+    abort_and_rewind()  abort, undo state to the last commit, seek back to the committed offset
+                        (docs/guarantees.md: rewind-after-abort)            RUNNING -> REWINDING -> RUNNING
+    drop(reason)        fenced or fatal producer: forget everything, commit nothing            RUNNING -> DROPPED
+    close()             commit (or abort) what is open, then flush the producer                         -> CLOSED
 
 Errors raised by Kafka inside a transaction are classified (pipeline/errors.py): an unknown commit outcome is
-retried, an abortable error aborts and rewinds, a fenced or fatal producer drops the partition without committing.
+retried, an abortable error aborts and rewinds, a fenced or fatal producer drops the partition without committing
+(docs/guarantees.md: unknown-commit-retried). The phases and the moves between them are pipeline/lifecycle.py's
+table: the methods above move the task through it, and a move it does not list raises IllegalTransition.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable
@@ -28,6 +36,7 @@ from pipeline.app import App, Output, Record
 from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
 from pipeline.kafka.clients import produce_waiting
+from pipeline.lifecycle import Lifecycle, Phase
 from pipeline.metrics import Metrics
 from pipeline.processing import Attempts, record_from_message
 from pipeline.provenance import SOURCE_HEADER, encode_source
@@ -39,16 +48,6 @@ from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
 
 log = logging.getLogger(__name__)
-
-
-class Phase(enum.Enum):
-    NEW = "new"
-    RESTORING = "restoring"
-    RUNNING = "running"
-    REWINDING = "rewinding"  # aborted; waiting for the seek back to the committed offset to take effect
-    STOPPED = "stopped"  # a poison record with on_poison=stop: needs an operator
-    DROPPED = "dropped"  # fenced or fatally broken producer: never commits again
-    CLOSED = "closed"
 
 
 class TransactionAborted(Exception):
@@ -82,8 +81,9 @@ class TaskContext:
     abort_hook: Callable[[int], bool] | None = None
 
 
-class PartitionTask:
+class PartitionTask(Lifecycle):
     def __init__(self, ctx: TaskContext, partition: int) -> None:
+        super().__init__()
         self.ctx = ctx
         self.partition = partition
         self.label = str(partition)
@@ -92,16 +92,14 @@ class PartitionTask:
             transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
         )
         self.state = PartitionState(ctx.app.state_serde)
-        self.phase = Phase.NEW
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
         self.next_offset: int | None = None  # next input offset to process
-        self.error: str | None = None
         self._in_transaction = False
         self._txn_started = 0.0
         self._txn_records = 0
         self._txn_count = 0
         self._timeout_s = s.request_timeout_ms / 1000
-        # For a snapshot on shutdown: what the state is a fold of. Set by the runner when the restore ends, then
+        # For a snapshot on shutdown: what the state is a fold of. Set when the restore ends (restored()), then
         # moved past each committed transaction's checkpoint (its offset comes from the delivery report).
         self.snapshot_base: Manifest | None = None
         self.changelog_end: int | None = None
@@ -114,18 +112,26 @@ class PartitionTask:
         self._attempts = Attempts.of(s, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters,
                                      sleep=time.sleep)
 
-    # -- 1. fence, before anything of p is read ---------------------------------------------------------------------
+    # -- 1. fence, before anything of p is read (docs/guarantees.md: fence-first) --------------------------------------
     def fence(self) -> None:
         if self.ctx.settings.exactly_once:
             self.producer.init_transactions(self._timeout_s)
 
-    # -- 2. position --------------------------------------------------------------------------------------------------
+    # -- 2. position ---------------------------------------------------------------------------------------------------
     def start(self, committed_offset: int | None) -> None:
         self.committed_offset = committed_offset
         self.next_offset = committed_offset
-        self.phase = Phase.RESTORING if self.ctx.app.stateful else Phase.RUNNING
+        self._transition(Phase.RESTORING if self.ctx.app.stateful else Phase.RUNNING)
 
-    # -- 4. process ---------------------------------------------------------------------------------------------------
+    # -- 3. restored ---------------------------------------------------------------------------------------------------
+    def restored(self, state: PartitionState, snapshot_base: Manifest | None, changelog_end: int | None) -> None:
+        """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
+        started from (None: the whole changelog), `changelog_end` the changelog offset it covers up to."""
+        self._transition(Phase.RUNNING)
+        self.state = state
+        self.snapshot_base, self.changelog_end = snapshot_base, changelog_end
+
+    # -- 4. process ----------------------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:
         """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
         identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
@@ -135,7 +141,7 @@ class PartitionTask:
         user_process, stateful, produce = app.process, app.stateful, self.producer.produce
         processed = produced = 0
         for msg in messages:
-            if self.phase is not Phase.RUNNING:
+            if self._phase is not Phase.RUNNING:
                 break  # the rest is fetched again after the rewind
             offset = msg.offset()
             if self.next_offset is not None and offset < self.next_offset:
@@ -209,7 +215,7 @@ class PartitionTask:
         self._txn_started = time.monotonic()
         self._txn_records = 0
 
-    # -- 5. commit ----------------------------------------------------------------------------------------------------
+    # -- 5. commit (docs/guarantees.md: one-transaction) ---------------------------------------------------------------
     def commit_due(self, now: float) -> bool:
         s = self.ctx.settings
         return self._in_transaction and (
@@ -256,7 +262,8 @@ class PartitionTask:
         return delivered
 
     def _call(self, method: Callable, *args) -> None:
-        """Calls a transactional producer method, retrying while its outcome is unknown (rule 5)."""
+        """Calls a transactional producer method, retrying while its outcome is unknown
+        (docs/guarantees.md: unknown-commit-retried)."""
         deadline = time.monotonic() + self.ctx.settings.transaction_timeout_ms / 1000
         while True:
             try:
@@ -270,16 +277,17 @@ class PartitionTask:
                     continue
                 _raise_classified(method.__name__, e)
 
-    # -- 6. abort and rewind ------------------------------------------------------------------------------------------
+    # -- 6. abort and rewind -------------------------------------------------------------------------------------------
     def abort_and_rewind(self) -> None:
-        """Back to the last committed transaction: abort, undo state, seek the input back (rule 4)."""
+        """Back to the last committed transaction: abort, undo state, seek the input back
+        (docs/guarantees.md: rewind-after-abort). RUNNING -> REWINDING, and RUNNING again once the seek is done."""
         if self._in_transaction and self.ctx.settings.exactly_once:
             self._call(self.producer.abort_transaction, self._timeout_s)
         self._in_transaction = False
         self.state.undo_transaction()
         self.next_offset = self.committed_offset
         self.ctx.metrics.transactions.labels(self.label, "aborted").inc()
-        self.phase = Phase.REWINDING
+        self._transition(Phase.REWINDING)
         self.try_seek_back()
 
     def try_seek_back(self) -> bool:
@@ -289,10 +297,10 @@ class PartitionTask:
         except KafkaException as e:
             log.info("p%d: seek back to %s not possible yet (%s); retrying", self.partition, offset, e)
             return False
-        self.phase = Phase.RUNNING
+        self._transition(Phase.RUNNING)
         return True
 
-    # -- 6b. snapshot on clean shutdown (optional) -----------------------------------------------------------------
+    # -- 6b. snapshot on clean shutdown (optional) ---------------------------------------------------------------------
     def write_snapshot(self, snapshot_topic: str) -> Manifest | None:
         """Publishes p's committed state as a full snapshot, in its own transaction on p's producer (a fenced owner
         publishes nothing). None when there is nothing new since the snapshot p was restored from, or when it is
@@ -326,7 +334,7 @@ class PartitionTask:
         self.snapshot_base = manifest
         return manifest
 
-    # -- 7. close -----------------------------------------------------------------------------------------------------
+    # -- 7. close ------------------------------------------------------------------------------------------------------
     def close(self, commit: bool) -> None:
         """Ends p's ownership: commit (or abort) the open transaction, then flush. Never raises: whatever is left
         open is aborted by the broker (transaction timeout) or by the next owner's fence."""
@@ -346,11 +354,11 @@ class PartitionTask:
         with contextlib.suppress(KafkaException):  # a fenced producer refuses even to flush
             self.producer.flush(self._timeout_s)
         self._in_transaction = False
-        self.phase = Phase.CLOSED
+        self._transition(Phase.CLOSED)
 
     def drop(self, reason: str) -> None:
         """Fenced or fatally broken: forget everything, commit nothing."""
-        self.phase = Phase.DROPPED
+        self._transition(Phase.DROPPED)
         self.error = reason
         self._in_transaction = False
 

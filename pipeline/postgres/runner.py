@@ -1,16 +1,19 @@
 """The runner of the PostgreSQL sink: one consumer per process, one PgWorker per owned input partition.
 
-Lifecycle of partition p in this process:
-    assigned  -> take over: fence (bump epoch) -> restore offset + state -> assign at that offset     [RUNNING]
-                 (database unusable: assigned paused, taken over later with back-off)                 [PENDING]
+Lifecycle of partition p in this process: the worker's Phase (pipeline/lifecycle.py), moved by its methods.
+    assigned  -> take over: fence (bump epoch) -> restore offset + state              NEW -> REWINDING
+                 -> assign at that offset                                            REWINDING -> RUNNING
+                 (database unusable: assigned paused, a new worker takes p over later with back-off)  NEW
     running   -> records processed in memory, one database transaction per batch (interval / size)
-    failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch
-                 check failed (fenced): the worker is thrown away, p paused, taken over again after a
-                 back-off (bounded, doubling) if the group still gives p to this process              [PENDING]
-    revoked   -> the open batch is committed, the worker closed
+    failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch check failed
+                 (fenced): the worker is thrown away, p paused; after a back-off (bounded, doubling; fenced:
+                 REFENCE_AFTER_S) a new worker takes p over if the group still gives p to this process:
+                 fence + restore                                                      NEW -> REWINDING
+                 -> the seek to the restored offset took effect, p resumed            REWINDING -> RUNNING
+    revoked   -> the open batch is committed, the worker forgotten
     lost      -> the open batch is committed only if the epoch is still ours (the database decides, not the group
                  membership: if nobody fenced p yet, nothing was taken over and committing is correct)
-    poison    -> on_poison=stop: what came before is committed, p stays paused                         [STOPPED]
+    poison    -> on_poison=stop: what came before is committed, p stays paused          RUNNING -> STOPPED
 
 Kafka's committed group offsets are written after each database commit (asynchronously) for lag monitoring only;
 they are never read. The offsets table is the source of truth.
@@ -18,7 +21,6 @@ they are never read. The offsets table is the source of truth.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import socket
@@ -33,7 +35,8 @@ from prometheus_client import Counter
 from pipeline.app import App
 from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.topics import partition_counts
-from pipeline.loop import PollLoop
+from pipeline.lifecycle import Phase
+from pipeline.loop import REFENCE_AFTER_S, PollLoop
 from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
@@ -41,19 +44,14 @@ from pipeline.processing import PoisonRecordStop
 from pipeline.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
-REFENCE_AFTER_S = 2.0  # after our epoch check failed: take p over again only if the group still gives it to us
 FIRST_BACKOFF_S = 0.1
 POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
-
-
-class Phase(enum.Enum):
-    PENDING = "pending"  # to be taken over (fence + restore + seek); p paused
-    RUNNING = "running"
-    STOPPED = "stopped"  # a poison record with on_poison=stop
+TAKING_OVER = (Phase.NEW, Phase.REWINDING)  # waiting for a take-over, or for the seek after one; p paused
 
 
 class PgRunner(PollLoop):
     commit_on_lost = True  # the epoch check, not the group membership, decides whether a batch may commit
+
     def __init__(self, app: App, settings: Settings) -> None:
         if settings.sink != "postgres":
             raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
@@ -65,12 +63,9 @@ class PgRunner(PollLoop):
         self.db_errors = Counter("pipeline_postgres_errors", "Failed database steps (take-over or batch)",
                                  ["partition"], registry=self.metrics.registry)
         self.workers: dict[int, PgWorker] = {}
-        self.phases: dict[int, Phase] = {}
-        self._retry_at: dict[int, float] = {}
+        self._retry_at: dict[int, float] = {}  # p's worker is NEW: take p over then
         self._backoff: dict[int, float] = {}
-        self._seek_to: dict[int, int] = {}  # taken over while assigned: seek there, then resume
         self._timeout_s = settings.request_timeout_ms / 1000
-        self._next_gauge_update = 0.0
         self.pool: psycopg_pool.ConnectionPool | None = None
         self.ctx: WorkerContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
@@ -100,9 +95,6 @@ class PgRunner(PollLoop):
         log.info("%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)", self.app_id, self.app.name,
                  self.input_topic, describe_dsn(s.postgres_dsn), s.postgres_schema, version)
 
-    def is_ready(self) -> bool:
-        return all(phase is Phase.RUNNING for phase in self.phases.values())
-
     def _shutdown(self) -> None:
         for p in list(self.workers):
             self._close_partition(p, commit=True)
@@ -115,7 +107,7 @@ class PgRunner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        busy = bool(self._seek_to) or any(phase is Phase.PENDING for phase in self.phases.values())
+        busy = any(worker.phase in TAKING_OVER for worker in self.workers.values())
         messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
         self._dispatch(messages)
         self._commit_due()
@@ -125,15 +117,16 @@ class PgRunner(PollLoop):
 
     def _dispatch(self, messages: list[Message]) -> None:
         for p, batch in self._by_partition(messages).items():
-            if self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
+            worker = self.workers.get(p)
+            if worker is not None and worker.phase is Phase.RUNNING:
                 try:
-                    self.workers[p].process(batch)
+                    worker.process(batch)
                 except PoisonRecordStop as e:
-                    self._stop_partition(p, e)
+                    self._poisoned(p, e)
 
     def _commit_due(self) -> None:
         now = time.monotonic()
-        due = [p for p, w in self.workers.items() if self.phases[p] is Phase.RUNNING and w.commit_due(now)]
+        due = [p for p, w in self.workers.items() if w.phase is Phase.RUNNING and w.commit_due(now)]
         # In parallel: one connection per partition; psycopg waits on the network without the GIL.
         results = [self._try_commit(due[0])] if len(due) == 1 else list(self._threads.map(self._try_commit, due))
         for p, error in zip(due, results, strict=True):
@@ -181,20 +174,15 @@ class PgRunner(PollLoop):
         return delay
 
     def _make_pending(self, p: int, delay: float) -> None:
-        self.workers[p] = PgWorker(self.ctx, p)  # in-memory state and pending rows of the failed one: gone
-        self.phases[p] = Phase.PENDING
-        self._seek_to.pop(p, None)
+        self.workers[p] = PgWorker(self.ctx, p)  # NEW; in-memory state and pending rows of the failed one: gone
         self._retry_at[p] = time.monotonic() + delay
         self._pause(p)
 
-    def _stop_partition(self, p: int, error: PoisonRecordStop) -> None:
+    def _poisoned(self, p: int, error: PoisonRecordStop) -> None:
         if (failure := self._try_commit(p)) is not None:  # what came before the poison record is good: keep it
             self._failed(p, failure)
             return
-        log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was "
-                  "committed.", p, self.workers[p].next_offset, error)
-        self.phases[p] = Phase.STOPPED
-        self._pause(p)
+        self._stop_partition(self.workers[p], error)
 
     def _retry_pending(self) -> None:
         now = time.monotonic()
@@ -210,33 +198,22 @@ class PgRunner(PollLoop):
         for p, result in zip(due, self._take_over_all(due), strict=True):
             if isinstance(result, Exception):
                 self._failed(p, result)
-            else:
-                self._seek_to[p] = OFFSET_BEGINNING if result is None else result
         self._retry_seeks()
 
     def _retry_seeks(self) -> None:
-        for p, offset in list(self._seek_to.items()):
+        """Taken over while assigned (REWINDING): seek to the restored offset, then resume."""
+        for p, worker in list(self.workers.items()):
+            if worker.phase is not Phase.REWINDING:
+                continue
+            offset = OFFSET_BEGINNING if worker.committed_offset is None else worker.committed_offset
             try:
                 self.consumer.seek(TopicPartition(self.input_topic, p, offset))
             except KafkaException as e:
                 log.info("p%d: seek to %s not possible yet (%s); retrying", p, offset, e)
                 continue
-            del self._seek_to[p]
-            self.phases[p] = Phase.RUNNING
+            worker.positioned()
             self.consumer.resume([TopicPartition(self.input_topic, p)])
-            log.info("p%d: taken over again at offset %s (epoch %s)", p, offset, self.workers[p].epoch)
-
-    def _update_gauges(self) -> None:
-        now = time.monotonic()
-        if now < self._next_gauge_update:
-            return
-        self._next_gauge_update = now + 1.0
-        self.metrics.ready.set(1 if self.is_ready() else 0)
-        for p, worker in self.workers.items():
-            if self.phases[p] is Phase.RUNNING and worker.next_offset is not None:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
-                if high >= 0:
-                    self.metrics.lag.labels(str(p)).set(max(0, high - worker.next_offset))
+            log.info("p%d: taken over again at offset %s (epoch %s)", p, offset, worker.epoch)
 
     # -- assignment --------------------------------------------------------------------------------------------------
     def _take_over_all(self, partitions: list[int]) -> list[int | Exception | None]:
@@ -262,24 +239,24 @@ class PgRunner(PollLoop):
                 failed.append((p, result))
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_INVALID))
             else:
-                self.phases[p] = Phase.RUNNING
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
         consumer.incremental_assign(assignment)
-        # A pause survives unassign/assign in librdkafka: a partition paused before it was lost stays paused.
-        consumer.resume([TopicPartition(self.input_topic, p) for p in ps if self.phases.get(p) is Phase.RUNNING])
+        taken = [p for p in ps if self.workers[p].phase is Phase.REWINDING]
+        for p in taken:
+            self.workers[p].positioned()  # assigned at the restored offset
+        self._resume_assigned(taken)
         for p, error in failed:
             self._failed(p, error)
         self.metrics.assigned.set(len(self.workers))
         log.info("assigned %s: offsets from the database %s, epochs %s", ps,
-                 {p: self.workers[p].committed_offset for p in ps if self.phases[p] is Phase.RUNNING},
-                 {p: self.workers[p].epoch for p in ps if self.phases[p] is Phase.RUNNING})
+                 {p: self.workers[p].committed_offset for p in taken}, {p: self.workers[p].epoch for p in taken})
 
-    def _owned(self) -> int:
-        return len(self.workers)
+    def _owned_partitions(self) -> dict[int, PgWorker]:
+        return self.workers
 
     def _close_partition(self, p: int, commit: bool) -> None:
         worker = self.workers.get(p)
-        if worker is not None and commit and self.phases.get(p) is Phase.RUNNING and p not in self._seek_to:
+        if worker is not None and commit and worker.phase is Phase.RUNNING:
             try:
                 worker.commit()
             except (Fenced, WriteFailed) as e:
@@ -290,13 +267,11 @@ class PgRunner(PollLoop):
     def _forget(self, p: int) -> None:
         if self.workers.pop(p, None) is not None:
             self.metrics.forget_partition(p)
-        self.phases.pop(p, None)
         self._retry_at.pop(p, None)
         self._backoff.pop(p, None)
-        self._seek_to.pop(p, None)
 
     def _pause(self, p: int) -> None:
         try:
-            self.consumer.pause([TopicPartition(self.input_topic, p)])
-        except KafkaException as e:
+            super()._pause(p)
+        except KafkaException as e:  # p no longer assigned, say: a paused partition of nobody's is no harm
             log.info("p%d: pause: %s", p, e)

@@ -1,17 +1,21 @@
 """worker(p) of the PostgreSQL sink: the exactly-once protocol for one input partition, top to bottom.
 
     fence()     bump p's owner epoch in pipeline_offsets, in its own committed transaction. From then on every
-                write transaction of an older owner (a zombie) fails its epoch check and rolls back.
+                write transaction of an older owner (a zombie) fails its epoch check and rolls back
+                (docs/guarantees.md: pg-epoch-fence).                                                        NEW
     restore()   after the fence: p's next offset and state from the tables, in one REPEATABLE READ snapshot; the
-                runner seeks the consumer there. Kafka's group offsets are not read: the database is the truth.
+                runner moves the consumer there. Kafka's group offsets are not read: the database is the truth.
+                                                                                            NEW -> REWINDING
+    positioned() the consumer reads from that offset now                                  REWINDING -> RUNNING
     process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O);
                 a record that fails is retried, then dead-lettered into the batch or stops p
-                (pipeline/processing.py; docs/guarantees.md: no-silent-skip)
+                (pipeline/processing.py; docs/guarantees.md: no-silent-skip)                RUNNING -> STOPPED
     commit()    ONE transaction: advance p's offset row WHERE epoch = ours (0 rows: fenced -> roll back), write the
                 outputs through the sink, upsert/delete the changed state keys, insert the dead letters; commit.
     after any failure: nothing of the batch stays (one transaction). The runner throws this worker away and takes
-                p over again later: fence again, restore offset and state from the tables, seek. That is also how a
-                commit whose outcome is unknown (connection lost during COMMIT) is resolved: the table says.
+                p over again later with a new one: fence again, restore offset and state from the tables, seek.
+                That is also how a commit whose outcome is unknown (connection lost during COMMIT) is resolved: the
+                table says.
 
 State: kept in PostgreSQL (pipeline_state, written in the batch's transaction) and loaded into memory after the fence.
 The offsets row is updated first in the transaction, so it is locked until the commit: a new owner's fence waits
@@ -33,6 +37,7 @@ from psycopg import sql
 
 from pipeline.app import App, Output
 from pipeline.deadletter import DeadLetter
+from pipeline.lifecycle import Lifecycle, Phase
 from pipeline.metrics import Metrics
 from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.postgres.sink import OutputRow, TableSink, Target
@@ -72,8 +77,9 @@ class WorkerContext:
         return sql.Identifier(self.settings.postgres_schema, name)
 
 
-class PgWorker:
+class PgWorker(Lifecycle):
     def __init__(self, ctx: WorkerContext, partition: int) -> None:
+        super().__init__()
         self.ctx = ctx
         self.partition = partition
         self.label = str(partition)
@@ -125,7 +131,8 @@ class PgWorker:
     # -- 1. fence, then 2. restore: what a new owner does before it reads a record of p ----------------------------
     def take_over(self) -> int | None:
         """Fences p and restores its offset and state; returns the offset to seek to (None: from the beginning).
-        Raises Fenced if yet another owner fenced p in between, WriteFailed if the database is not usable."""
+        Raises Fenced if yet another owner fenced p in between, WriteFailed if the database is not usable (the
+        worker stays NEW, never to be used again)."""
         started = time.monotonic()
         try:
             with self._connection() as conn:
@@ -137,6 +144,7 @@ class PgWorker:
             self.epoch = None  # fenced maybe, but not restored: not a usable owner
             raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
         self.next_offset = self.committed_offset
+        self._transition(Phase.REWINDING)
         self.ctx.metrics.restore_seconds.labels(self.label).set(time.monotonic() - started)
         self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)
         return self.committed_offset
@@ -157,6 +165,10 @@ class PgWorker:
                 self.state.load((key, bytes(value)) for key, value in cur)
         self.committed_offset = next_offset
         self.restored_keys = len(self.state)
+
+    def positioned(self) -> None:
+        """The consumer reads p from the restored offset now (assigned there, or the seek took effect)."""
+        self._transition(Phase.RUNNING)
 
     # -- 3. process: in memory only ------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:

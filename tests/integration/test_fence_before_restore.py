@@ -1,6 +1,7 @@
-"""Rule 1: fence before restore. Whatever a zombie commits before the new owner's fence must be seen by what the
-new owner reads after it. A runner that reads offsets and restores state first, then fences, misses the zombie's
-last commit and processes those records again: the broken double shows the test can tell the two apart."""
+"""Fence before restore (docs/guarantees.md: fence-first). Whatever a zombie commits before the new owner's fence
+must be seen by what the new owner reads after it. A runner that reads offsets and restores state first, then
+fences, misses the zombie's last commit and processes those records again: the broken double shows the test can tell
+the two apart."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import uuid
 
 from confluent_kafka import Consumer, TopicPartition
 
+from pipeline import settings
 from pipeline.examples.running_totals import app as totals
+from pipeline.lifecycle import Phase
 from pipeline.runner import Runner
-from pipeline.task import PartitionDropped, PartitionTask, Phase
-from pipeline.testing import checker, inputs, settings
+from pipeline.task import PartitionDropped, PartitionTask
+from pipeline.testing import checker, inputs
 from tests.support import eventually
 
 
 class RestoreBeforeFenceRunner(Runner):
-    """Test double breaking rule 1: reads p's committed offset and restores p's state, then fences."""
+    """Test double breaking fence-first: reads p's committed offset and restores p's state, then fences."""
 
     def _take_over(self, partitions: list[int], reassign: bool) -> None:
         tasks = [PartitionTask(self.ctx, p) for p in partitions]

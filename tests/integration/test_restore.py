@@ -13,11 +13,12 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from pipeline import settings
 from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.offsets import TailReader
 from pipeline.runner import Runner
 from pipeline.state.restore import RestoreError
-from pipeline.testing import checker, inputs, settings
+from pipeline.testing import checker, inputs
 from pipeline.testing.harness import wait_caught_up
 from tests.support import eventually
 
@@ -151,7 +152,8 @@ def test_long_restore_keeps_the_group_membership(kafka_bootstrap, slow_restore):
 
 
 class BlockingRestoreRunner(Runner):
-    """Test double breaking rule 8: restores each partition to the end in one go on the poll thread."""
+    """Test double breaking restore-keeps-membership: restores each partition to the end in one go on the poll
+    thread."""
 
     def _advance_restores(self) -> None:
         for restore in self.restores.values():

@@ -7,8 +7,9 @@ from confluent_kafka import TopicPartition
 from pipeline import settings
 from pipeline.examples.copier import app as copier
 from pipeline.examples.running_totals import app as totals
+from pipeline.lifecycle import Phase
 from pipeline.runner import Runner
-from pipeline.task import Phase, TaskContext
+from pipeline.task import TaskContext
 
 
 class RecordingConsumer:

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 import pipeline.task as task_module
 from pipeline.app import App, Output
 from pipeline.examples.running_totals import app as running_totals
+from pipeline.lifecycle import Phase
 from pipeline.metrics import Metrics
 from pipeline.processing import PoisonRecordStop
 from pipeline.provenance import SOURCE_HEADER, encode_source
@@ -25,7 +26,6 @@ from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoi
 from pipeline.task import (
     PartitionDropped,
     PartitionTask,
-    Phase,
     TaskContext,
     TransactionAborted,
     transactional_id,

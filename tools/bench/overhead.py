@@ -14,8 +14,9 @@ from confluent_kafka import Message
 
 from pipeline import settings as settings_module
 from pipeline.app import App
+from pipeline.lifecycle import Phase
 from pipeline.metrics import Metrics
-from pipeline.task import PartitionTask, Phase, TaskContext
+from pipeline.task import PartitionTask, TaskContext
 
 BATCH = 5_000
 
@@ -61,7 +62,8 @@ def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
                           "overhead-dlq", None, lambda _, p=producer: p, Metrics())
         task = PartitionTask(ctx, 0)
         task.start(0)
-        task.phase = Phase.RUNNING  # no restore: the state starts empty
+        if task.phase is Phase.RESTORING:
+            task.restored(task.state, None, None)  # no restore: the state starts empty
         started = time.perf_counter()
         for i in range(0, len(messages), BATCH):
             task.process(messages[i:i + BATCH])

@@ -57,9 +57,9 @@ from confluent_kafka.admin import AdminClient
 from pipeline import settings as settings_module
 from pipeline.examples import running_totals
 from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
+from pipeline.lifecycle import Phase
 from pipeline.runner import Runner
 from pipeline.state.changelog import changelog_topic
-from pipeline.task import Phase
 from pipeline.testing.inputs import ProducedRecord, create_topics, produce
 from tools.bench import throughput as bench
 

@@ -1,0 +1,73 @@
+"""The life of one owned input partition in a runner: one Phase enum and one table of the moves between phases,
+shared by both sinks (PartitionTask in the Kafka sink, PgWorker in the PostgreSQL sink), as Kafka Streams' Task.State.
+
+    NEW ──start──> RESTORING ──restored──> RUNNING ──abort_and_rewind──> REWINDING ──seek done──> RUNNING
+     │                                       │ │ └──poison, on_poison=stop──> STOPPED
+     └──start (stateless)──> RUNNING         │ └──fenced / fatal producer──> DROPPED
+     └──taken over (PostgreSQL)──> REWINDING └──revoked / lost / shutdown──> CLOSED (from any phase but CLOSED)
+
+Every move goes through `Lifecycle._transition`, which refuses one the table does not list (IllegalTransition):
+a bug in a runner then fails loudly where it happens instead of, say, committing from a dropped partition.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.Enum):
+    NEW = "new"  # created; for the Kafka sink: fenced (docs/guarantees.md: fence-first), not positioned yet
+    RESTORING = "restoring"  # the state is being restored; p stays paused (docs/guarantees.md: complete-restore)
+    RUNNING = "running"
+    REWINDING = "rewinding"  # waiting for the seek back to the committed offset to take effect
+    STOPPED = "stopped"  # a poison record with on_poison=stop: needs an operator
+    DROPPED = "dropped"  # fenced or fatally broken producer: never commits again
+    CLOSED = "closed"
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.NEW: frozenset({Phase.RESTORING, Phase.RUNNING, Phase.REWINDING, Phase.CLOSED}),
+    Phase.RESTORING: frozenset({Phase.RUNNING, Phase.CLOSED}),
+    Phase.RUNNING: frozenset({Phase.REWINDING, Phase.STOPPED, Phase.DROPPED, Phase.CLOSED}),
+    # A seek that is still pending when the poison record's stop comes in: stopped all the same.
+    Phase.REWINDING: frozenset({Phase.RUNNING, Phase.STOPPED, Phase.CLOSED}),
+    Phase.STOPPED: frozenset({Phase.CLOSED}),
+    Phase.DROPPED: frozenset({Phase.CLOSED}),
+    Phase.CLOSED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move between phases that the table does not allow: a bug in the runner, never a broker or data problem."""
+
+
+class Lifecycle:
+    """One owned input partition (a task or a worker) and its phase, changed only through `_transition` (or by
+    assigning `phase`, which is the same check). `error` says why it stopped or was dropped."""
+
+    partition: int
+    next_offset: int | None  # the next input offset to process (None: from the beginning)
+
+    def __init__(self) -> None:
+        self._phase = Phase.NEW  # read directly only by the hot path, where a property call per record counts
+        self.error: str | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, to: Phase) -> None:
+        """For tests and tools that put a partition into a phase; assigning the phase it is in changes nothing."""
+        if to is not self._phase:
+            self._transition(to)
+
+    def _transition(self, to: Phase) -> None:
+        if to not in TRANSITIONS[self._phase]:
+            raise IllegalTransition(f"p{self.partition}: {self._phase.value} -> {to.value} is not a transition")
+        self._phase = to
+
+    def stop(self, error: str) -> None:
+        """A poison record with on_poison=stop: nothing from it on is processed until an operator restarts."""
+        self._transition(Phase.STOPPED)
+        self.error = error
