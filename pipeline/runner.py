@@ -2,7 +2,7 @@
 
 Lifecycle of partition p in this process: the task's Phase (pipeline/lifecycle.py), moved by the task's methods.
     assigned  -> fence (init_transactions) -> read committed offset -> assign at that offset              NEW
-    restoring -> p paused; the changelog read in short steps between polls                     NEW -> RESTORING
+    restoring -> p paused; the changelog read in short steps between polls (self.restores)     NEW -> RESTORING
     running   -> task.restored(...), p resumed (a stateless app starts here); records processed into
                  transactions, committed on interval/size                          RESTORING (or NEW) -> RUNNING
     aborted   -> state undone, seek back to the committed offset               RUNNING -> REWINDING -> RUNNING
@@ -34,15 +34,13 @@ from confluent_kafka.admin import AdminClient
 from pipeline.app import App
 from pipeline.deadletter import dead_letter_topic
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
-from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.lifecycle import Phase
 from pipeline.loop import REFENCE_AFTER_S, FatalRunnerError, PollLoop
 from pipeline.processing import PoisonRecordStop
 from pipeline.settings import Settings
-from pipeline.state import PartitionState
 from pipeline.state.changelog import changelog_topic
-from pipeline.state.restore import ChangelogRestore, RestoreError
+from pipeline.state.restore import ChangelogRestore, RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
 from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
 
@@ -60,16 +58,16 @@ class Runner(PollLoop):
         self.snapshot_topic = settings.snapshot_topic or snapshot_topic(self.app_id)
         self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
         self.tasks: dict[int, PartitionTask] = {}
-        self.restores: dict[int, ChangelogRestore] = {}
         self._dropped_at: dict[int, float] = {}
-        self._restore_retry_at: dict[int, float] = {}
-        self._restore_failing_since: dict[int, float] = {}
         if abort_hook is None and settings.test_abort_every > 0:
             every = settings.test_abort_every
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self._timeout_s = settings.request_timeout_ms / 1000
         self.admin = AdminClient(client_config(settings))
+        self.restores = RestoreManager(settings, self.changelog_topic, self.snapshot_topic, app.state_serde,
+                                       self._make_restore_consumer, lambda: AdminClient(client_config(settings)),
+                                       self.admin)
         self.ctx: TaskContext | None = None
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
 
@@ -117,7 +115,7 @@ class Runner(PollLoop):
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
         rewinding = any(t.phase is Phase.REWINDING for t in self.tasks.values())
-        busy = bool(self.restores or self._restore_retry_at) or rewinding
+        busy = self.restores.busy or rewinding
         messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
         self._dispatch(messages)
         self._commit_due()
@@ -203,7 +201,7 @@ class Runner(PollLoop):
             task.start(committed[task.partition])
             if task.phase is Phase.RESTORING:
                 self._pause(task.partition)
-                self._begin_restore(task)
+                self.restores.start(task.partition, task.committed_offset)
         self.metrics.assigned.set(len(self.tasks))
         log.info("assigned %s (committed offsets %s)", partitions, committed)
 
@@ -230,51 +228,9 @@ class Runner(PollLoop):
                 log.warning("committed offsets of %s: %s; retrying", partitions, e.args[0])
                 time.sleep(0.5)
 
-    def _begin_restore(self, task: PartitionTask) -> None:
-        s = self.settings
-        task.state = PartitionState(self.app.state_serde)  # a retried restore starts from nothing again
-        try:
-            self.restores[task.partition] = ChangelogRestore(
-                self._make_restore_consumer, self.admin, self.changelog_topic, task.partition, task.state,
-                task.committed_offset, s.restore_timeout_ms / 1000, self._timeout_s, strict=s.exactly_once,
-                snapshot_topic=self.snapshot_topic,
-            )
-        except EndOffsetsTimeout as e:
-            self._restore_later(task.partition, e)
-
-    def _restore_later(self, p: int, error: Exception) -> None:
-        """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""
-        now = time.monotonic()
-        failing_since = self._restore_failing_since.setdefault(p, now)
-        if now - failing_since > self.settings.restore_timeout_ms / 1000:
-            raise RestoreError(f"p{p}: restore kept failing for {now - failing_since:.0f}s: {error}") from error
-        log.warning("p%d: restore cannot go on yet (%s); starting it again in 1 s", p, error)
-        self._restore_retry_at[p] = now + 1.0
-        self.admin = AdminClient(client_config(self.settings))  # librdkafka may keep stale leader epochs
-
     def _advance_restores(self) -> None:
-        now = time.monotonic()
-        for p, retry_at in list(self._restore_retry_at.items()):
-            if now >= retry_at:
-                del self._restore_retry_at[p]
-                self._begin_restore(self.tasks[p])
-        if not self.restores:
-            return
-        budget = self.settings.restore_step_ms / 1000 / len(self.restores)
-        for p, restore in list(self.restores.items()):
-            try:
-                finished = restore.step(budget)
-            except RestoreError:
-                self._end_restore(p)
-                raise
-            except EndOffsetsTimeout as e:
-                self._end_restore(p)
-                self._restore_later(p, e)
-                continue
-            if finished:
-                self._end_restore(p)
-                self._restore_failing_since.pop(p, None)
-                self._restored(restore)
+        for restore in self.restores.step():
+            self._restored(restore)
 
     def _restored(self, restore: ChangelogRestore) -> None:
         p = restore.partition
@@ -287,9 +243,6 @@ class Runner(PollLoop):
                  len(restore.state), restore.snapshot_entries,
                  restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
                  restore.seconds)
-
-    def _end_restore(self, p: int) -> None:
-        self.restores.pop(p).close()
 
     def _snapshot(self, task: PartitionTask) -> None:
         """Commits what is open, then publishes the state as a full snapshot (SNAPSHOT_ON_SHUTDOWN)."""
@@ -306,10 +259,7 @@ class Runner(PollLoop):
         return self.tasks
 
     def _close_partition(self, p: int, commit: bool) -> None:
-        if p in self.restores:
-            self._end_restore(p)
-        self._restore_retry_at.pop(p, None)
-        self._restore_failing_since.pop(p, None)
+        self.restores.forget(p)
         self._dropped_at.pop(p, None)
         task = self.tasks.pop(p, None)
         if task is not None:

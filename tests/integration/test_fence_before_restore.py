@@ -28,14 +28,15 @@ class RestoreBeforeFenceRunner(Runner):
         committed = self._committed_offsets(partitions)
         for task in tasks:
             task.start(committed[task.partition])
-            self._begin_restore(task)
-            while not self.restores[task.partition].step(1.0):
+            self.restores.start(task.partition, task.committed_offset)
+            restore = self.restores.running()[task.partition]
+            while not restore.step(1.0):
                 pass
-            self._end_restore(task.partition)
+            self.restores.forget(task.partition)
+            task.restored(restore.state, restore.snapshot, restore.end)
         self._fence_all(tasks)
         self.consumer.incremental_assign([TopicPartition(self.input_topic, p, committed[p] or 0) for p in partitions])
         for task in tasks:
-            task.phase = Phase.RUNNING
             self.tasks[task.partition] = task
 
 

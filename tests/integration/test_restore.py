@@ -156,7 +156,7 @@ class BlockingRestoreRunner(Runner):
     thread."""
 
     def _advance_restores(self) -> None:
-        for restore in self.restores.values():
+        for restore in self.restores.running().values():
             while not restore.step(1.0):
                 pass
         super()._advance_restores()

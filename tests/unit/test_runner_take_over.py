@@ -47,7 +47,7 @@ def runner_for(app, consumer: RecordingConsumer) -> Runner:
     runner.consumer = consumer
     runner.ctx = TaskContext(app, runner.settings, runner.app_id, app.input_topic, app.output_topic, "cl", "dlq",
                              consumer, lambda _: NullProducer(), runner.metrics)
-    runner._begin_restore = lambda task: None  # the restore itself is not under test
+    runner.restores.start = lambda p, committed_offset: None  # the restore itself is not under test
     return runner
 
 
