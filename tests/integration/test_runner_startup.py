@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 
+from pipeline import settings
 from pipeline.examples.running_totals import app as totals
 from pipeline.runner import Runner
 from pipeline.settings import ConfigError
-from pipeline.testing import checker, inputs, settings
+from pipeline.testing import checker, inputs
 from pipeline.testing.harness import wait_caught_up
 from tests.integration.test_restore import fresh_app, running
 from tests.support import eventually
