@@ -7,10 +7,11 @@ everything above it belongs to a transaction still open, i.e. a publish in fligh
 with no open transaction it equals the high watermark. Transaction markers, aborted manifests and chunks are
 stepped over by the position; an empty partition has no window at all.
 
-`ChunkLoad` reads the chunks of one manifest ([first_chunk_offset, manifest offset)) and verifies it: every index
-0..chunks-1 present with a good CRC, the entry count and the manifest checksum. Chunks of other snapshots that lie
-in between (an interleaved or crashed run) are skipped by snapshot id; a duplicate index (a retried Spark task) is
-read once. Anything else makes the snapshot invalid (`InvalidSnapshot`), and the caller falls back to an older one.
+`ChunkLoad` reads the chunks of one manifest ([first_chunk_offset, manifest offset)) in steps and verifies them with
+`snapshot_format.ChunkSet` (the verifier the compaction job uses too): every index 0..chunks-1 present with a good
+CRC, the entry count and the manifest checksum. Chunks of other snapshots that lie in between (an interleaved or
+crashed run) are skipped by snapshot id; a duplicate index (a retried Spark task) is read once. Anything else makes
+the snapshot invalid (`InvalidSnapshot`), and the caller falls back to an older one.
 """
 
 from __future__ import annotations
@@ -25,23 +26,18 @@ from confluent_kafka.admin import AdminClient
 from pipeline.kafka.offsets import TailReader, low_watermarks, stable_end_offsets
 from pipeline.state.snapshot_format import (
     FORMAT_VERSION,
-    CorruptChunk,
+    ChunkSet,
+    InvalidSnapshot,
     Manifest,
-    decode_chunk,
     is_chunk,
     is_manifest,
-    manifest_checksum,
-    peek_chunk,
 )
 
+__all__ = ["ChunkLoad", "InvalidSnapshot", "ManifestScan", "precheck", "scan_all", "snapshot_bounds"]
 log = logging.getLogger(__name__)
 FIRST_WINDOW = 8
 WINDOW_GROWTH = 4
 CHUNKS_PER_STEP = 8  # a chunk decodes in a few ms: keep each step well inside the restore budget
-
-
-class InvalidSnapshot(ValueError):
-    """This snapshot is incomplete or corrupt; use an older one."""
 
 
 def snapshot_bounds(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
@@ -157,9 +153,7 @@ class ChunkLoad:
         self.partition = partition
         self.entries: dict[str, bytes] = {}
         self.records = 0
-        self._crcs: dict[int, int] = {}
-        self._counts: dict[int, int] = {}
-        self._errors: list[str] = []
+        self._chunks = ChunkSet(manifest)
         self._reader = TailReader(consumer, topic, {partition: manifest.first_chunk_offset},
                                   {partition: manifest_offset})
 
@@ -177,38 +171,11 @@ class ChunkLoad:
                     self._chunk(m)
 
     def _chunk(self, m: Message) -> None:
-        value = m.value()
-        try:
-            sid, index = peek_chunk(value)
-        except CorruptChunk as e:
-            self._errors.append(f"offset {m.offset()}: {e}")
-            return
-        if sid != self.manifest.snapshot_id or index in self._crcs:
-            return  # another snapshot's chunk, or a duplicate written by a retried task
-        try:
-            _, index, keys, values, crc = decode_chunk(value)
-        except CorruptChunk as e:
-            self._errors.append(f"offset {m.offset()}: {e}")
-            return
-        self.entries.update(zip(keys, values, strict=True))
-        self._crcs[index] = crc
-        self._counts[index] = len(keys)
+        chunk = self._chunks.read(m.value(), f"offset {m.offset()}")
+        if chunk is not None:
+            self.entries.update(zip(chunk.keys, chunk.values, strict=True))
 
     def finish(self) -> dict[str, bytes]:
         """The snapshot's entries, or InvalidSnapshot saying what is wrong."""
-        m = self.manifest
-        missing = [i for i in range(m.chunks) if i not in self._crcs]
-        if missing:
-            detail = f"; unreadable chunks: {'; '.join(self._errors[:3])}" if self._errors else ""
-            raise InvalidSnapshot(f"{len(missing)} of {m.chunks} chunks missing or corrupt "
-                                  f"(indexes {missing[:5]}){detail}")
-        if len(self._crcs) != m.chunks:
-            raise InvalidSnapshot(f"{len(self._crcs)} chunks found, the manifest says {m.chunks}")
-        count = sum(self._counts.values())
-        if count != m.entries or len(self.entries) != m.entries:
-            raise InvalidSnapshot(f"{count} entries ({len(self.entries)} distinct keys), the manifest says "
-                                  f"{m.entries}")
-        checksum = manifest_checksum([self._crcs[i] for i in range(m.chunks)])
-        if checksum != m.checksum:
-            raise InvalidSnapshot(f"checksum {checksum:#010x}, the manifest says {m.checksum:#010x}")
+        self._chunks.verify(len(self.entries))
         return self.entries
