@@ -1,5 +1,6 @@
 """The Spark compaction job on real Kafka: its snapshots restore to exactly the fold of the changelog, it falls back
-from a damaged base, it is a no-op when nothing changed, and two runs at once publish once (rule 9)."""
+from a damaged base, it is a no-op when nothing changed, and two runs at once publish once
+(docs/guarantees.md: all-or-nothing-snapshots)."""
 
 from __future__ import annotations
 
@@ -134,21 +135,21 @@ def test_a_run_that_finds_a_newer_manifest_after_fencing_skips(spark, kafka_admi
     """Same inputs, same snapshot id: the second run sees the first one's manifest and does not publish again."""
     log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="recheck")
     log.random_history(random.Random(3), 20, KEYS)
-    from snapshots import compact as job
+    from snapshots import publish as job
 
     plans = []
-    original = job._publish
+    original = job.publish_manifests
 
     def publish_after_another_run(*args, **kwargs):
-        job._publish = original
+        job.publish_manifests = original
         plans.append(compact(spark, options(log)))  # B runs start to end between A's fold and A's publish
         return original(*args, **kwargs)
 
-    job._publish = publish_after_another_run
+    job.publish_manifests = publish_after_another_run
     try:
         outer = compact(spark, options(log))
     finally:
-        job._publish = original
+        job.publish_manifests = original
     assert plans[0].published == [0]
     assert outer.published == [] and "another compaction published" in outer.partitions[0].reason
     assert outer.partitions[0].reason.endswith(f"its chunks {plans[0].partitions[0].snapshot_id} stay unreferenced")

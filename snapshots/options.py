@@ -1,0 +1,74 @@
+"""What one compaction run is told (`Options`), the configuration of its Kafka clients, and its error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.state.changelog import changelog_topic
+from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, snapshot_topic
+
+
+class CompactionError(RuntimeError):
+    """The run cannot go on (no metadata, no changelog, a publisher that cannot start, ...): nothing was published."""
+
+
+@dataclass(frozen=True)
+class Options:
+    bootstrap_servers: str
+    app_id: str
+    changelog_topic: str = ""
+    snapshot_topic: str = ""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    truncate: bool = True  # delete below the previous generation after publishing
+    timeout_s: float = 60.0
+    kafka: dict[str, str] = field(default_factory=dict)  # extra librdkafka properties (driver and chunk producers)
+    spark_kafka: dict[str, str] = field(default_factory=dict)  # extra Java client properties for Spark's source
+
+    @property
+    def changelog(self) -> str:
+        return self.changelog_topic or changelog_topic(self.app_id)
+
+    @property
+    def snapshots(self) -> str:
+        return self.snapshot_topic or snapshot_topic(self.app_id)
+
+    @property
+    def publisher_id(self) -> str:
+        """Stable per app: a second run's init_transactions fences the first one's publisher."""
+        return f"{self.app_id}.snapshot-publisher"
+
+    def client(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap_servers, **self.kafka}
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The driver's consumer, which reads manifests (never offsets of its own group)."""
+        return {
+            **self.client(),
+            "group.id": f"{self.app_id}.compaction",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+        }
+
+    def chunk_producer_config(self) -> dict[str, Any]:
+        """The executors' chunk producers: idempotent, not transactional (chunks are nothing until a manifest)."""
+        return {
+            **self.client(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+            "linger.ms": 20,
+            "message.timeout.ms": int(self.timeout_s * 1000),
+        }
+
+    @property
+    def chunk_flush_timeout_s(self) -> float:
+        """Long enough for every chunk to be delivered or to have failed (message.timeout.ms)."""
+        return self.timeout_s + 5
+
+    def publisher_config(self) -> dict[str, Any]:
+        """The driver's transactional producer, which publishes every partition's manifest in one transaction."""
+        return {**self.client(), "transactional.id": self.publisher_id, "enable.idempotence": True, "acks": "all",
+                "transaction.timeout.ms": int(max(self.timeout_s, 10) * 1000)}
