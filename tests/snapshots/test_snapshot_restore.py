@@ -1,6 +1,7 @@
-"""Rules 7 and 9 at restore: the newest complete snapshot + the changelog tail; damaged snapshots are skipped with a
-warning in favour of the previous one; a changelog that no longer reaches a snapshot refuses; transaction markers
-and aborted records at the ends of both topics never confuse "the latest"."""
+"""Snapshots at restore (docs/guarantees.md: complete-restore, all-or-nothing-snapshots): the newest complete
+snapshot + the changelog tail; damaged snapshots are skipped with a warning in favour of the previous one; a
+changelog that no longer reaches a snapshot refuses; transaction markers and aborted records at the ends of both
+topics never confuse "the latest"."""
 
 from __future__ import annotations
 
