@@ -1,4 +1,4 @@
-"""`pipeline run | verify | chaos | topics` — the command line (also `python -m pipeline ...`)."""
+"""`pipeline run | verify | chaos | topics | acls` — the command line (also `python -m pipeline ...`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import sys
 
 from pipeline.loading import AppPathError, load_app
-from pipeline.settings import ConfigError
+from pipeline.settings import ConfigError, Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(argv)
     except AppPathError as e:  # a wrong MODULE:ATTR is a typo, not a crash: one line, no traceback
-        command = next((word for word in argv if word in ("run", "verify", "chaos")), "")
+        command = next((word for word in argv if word in ("run", "verify", "chaos", "acls")), "")
         print(f"pipeline {command}: {e}", file=sys.stderr)
         return 2
 
@@ -69,6 +69,26 @@ def _parser() -> argparse.ArgumentParser:
     topics.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.set_defaults(command=_topics)
+
+    acls = commands.add_parser("acls", help="the least-privilege ACLs of a service: print the kafka-acls.sh lines, "
+                               "or grant them (--apply)", description=_acls.__doc__)
+    acls.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
+    acls.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`")
+    acls.add_argument("--app-id")
+    acls.add_argument("--input-topic")
+    acls.add_argument("--output-topic")
+    acls.add_argument("--sink", choices=["kafka", "postgres"])
+    acls.add_argument("--principal", help="the service's principal (default User:<app id>)")
+    acls.add_argument("--compaction-principal", help="the compaction job's (default User:<app id>-compaction)")
+    acls.add_argument("--no-create-topics", action="store_true",
+                      help="the internal topics are created beforehand: no CREATE for the service")
+    acls.add_argument("--keep-history", action="store_true",
+                      help="the compaction job runs with --keep-history: no DELETE for it")
+    acls.add_argument("--apply", action="store_true", help="grant them with the admin client instead of printing")
+    acls.add_argument("--bootstrap-servers")
+    acls.add_argument("--command-config", metavar="FILE",
+                      help="the admin's client settings for --apply, as for kafka-acls.sh (default: PIPELINE_KAFKA_*)")
+    acls.set_defaults(command=_acls)
     return parser
 
 
@@ -76,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     app = load_app(args.app)  # first: a wrong MODULE:ATTR is reported before anything else is imported or read
 
     from pipeline import settings as settings_module
+    from pipeline.kafka.connect import connect_check
 
     settings = settings_module.load(
         args.config,
@@ -86,6 +107,8 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         sink=args.sink,
     )
+    # Bad credentials or an untrusted certificate: librdkafka would retry for ever; say which setting is wrong.
+    connect_check(settings)
     if settings.sink == "postgres":  # PIPELINE_SINK=postgres or --sink postgres: pipeline/postgres
         from pipeline.postgres.runner import PgRunner
 
@@ -114,3 +137,65 @@ def _topics(args: argparse.Namespace) -> int:
         except Exception as e:  # report each topic, keep going
             print(f"{name}: {e}", file=sys.stderr)
     return 0
+
+
+def _acls(args: argparse.Namespace) -> int:
+    """The ACLs `pipeline run MODULE:ATTR` needs with the same settings (environment, --config, the options here),
+    and those of its compaction job (Kafka sink, stateful App), from pipeline/kafka/acls.py."""
+    import os
+    from pathlib import Path
+
+    from pipeline import settings as settings_module
+    from pipeline.kafka import acls as definition
+
+    app = load_app(args.app)
+    # The database is never contacted here: a placeholder lets SINK=postgres settings load without a DSN.
+    env = {"PIPELINE_POSTGRES_DSN": "not-used-by-acls", **os.environ}
+    settings = settings_module.load(args.config, env, bootstrap_servers=args.bootstrap_servers, app_id=args.app_id,
+                                    input_topic=args.input_topic, output_topic=args.output_topic, sink=args.sink)
+    names = definition.Names(settings.app_id or app.name, settings.input_topic or app.input_topic,
+                             settings.output_topic or app.output_topic, settings.changelog_topic,
+                             settings.snapshot_topic, settings.dead_letter_topic)
+    grants = [(args.principal or f"User:{names.app_id}", f"pipeline run {args.app} ({settings.sink} sink)",
+               definition.service_acls(names, settings, stateful=app.stateful,
+                                       create_internal_topics=not args.no_create_topics))]
+    if settings.sink == "kafka" and app.stateful:
+        grants.append((args.compaction_principal or f"User:{names.app_id}-compaction",
+                       f"snapshots compact --app-id {names.app_id}",
+                       definition.compaction_acls(names, keep_history=args.keep_history)))
+    if not args.apply:
+        print(f'ACLS="kafka-acls.sh --bootstrap-server {settings.bootstrap_servers} --command-config admin.properties"')
+        for principal, what, acls in grants:
+            print(f"# {principal}: {what}")
+            print("\n".join(definition.kafka_acls_lines(principal, acls)))
+        return 0
+    if args.command_config:
+        settings = settings.with_overrides(kafka=definition.admin_properties(Path(args.command_config)))
+    return _grant(settings, grants)
+
+
+def _grant(admin_settings: Settings, grants: list[tuple[str, str, list]]) -> int:
+    """create_acls with the admin's settings; one line per binding granted or refused."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, ResourcePatternType
+
+    from pipeline.kafka.acls import bindings
+    from pipeline.kafka.clients import client_config
+    from pipeline.kafka.connect import connect_check
+
+    connect_check(admin_settings)
+    admin = AdminClient(client_config(admin_settings))
+    timeout_s = admin_settings.request_timeout_ms / 1000
+    failed = 0
+    for principal, _, acls in grants:
+        for binding, future in admin.create_acls(bindings(principal, acls)).items():
+            prefixed = " (prefixed)" if binding.resource_pattern_type == ResourcePatternType.PREFIXED else ""
+            resource = f"{binding.restype.name.lower()} {binding.name!r}{prefixed}"
+            what = f"{binding.operation.name} on {resource} to {principal}"
+            try:
+                future.result(timeout_s)
+                print(f"granted {what}")
+            except KafkaException as e:
+                failed += 1
+                print(f"pipeline acls: cannot grant {what}: {e.args[0]}", file=sys.stderr)
+    return 1 if failed else 0
