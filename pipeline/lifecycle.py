@@ -1,10 +1,16 @@
 """The life of one owned input partition in a runner: one Phase enum and one table of the moves between phases,
 shared by both sinks (PartitionTask in the Kafka sink, PgWorker in the PostgreSQL sink), as Kafka Streams' Task.State.
 
-    NEW ──start──> RESTORING ──restored──> RUNNING ──abort_and_rewind──> REWINDING ──seek done──> RUNNING
-     │                                       │ │ └──poison, on_poison=stop──> STOPPED
-     └──start (stateless)──> RUNNING         │ └──fenced / fatal producer──> DROPPED
-     └──taken over (PostgreSQL)──> REWINDING └──revoked / lost / shutdown──> CLOSED (from any phase but CLOSED)
+    NEW        -> RESTORING  start(): a stateful app restores p's state first (Kafka sink)
+               -> RUNNING    start(): nothing to restore
+               -> REWINDING  take_over() (PostgreSQL sink): fenced, offset and state read; the seek there is pending
+    RESTORING  -> RUNNING    restored(): the state is complete
+    RUNNING    -> REWINDING  abort_and_rewind(): the seek back to the committed offset is pending
+               -> STOPPED    stop(): a poison record with on_poison=stop
+               -> DROPPED    drop(): fenced, or a fatal producer error
+    REWINDING  -> RUNNING    the seek took effect (try_seek_back(), positioned())
+               -> STOPPED    a poison record's stop while the seek is still pending
+    any other  -> CLOSED     close(): revoked, lost or shut down (Kafka sink)
 
 Every move goes through `Lifecycle._transition`, which refuses one the table does not list (IllegalTransition):
 a bug in a runner then fails loudly where it happens instead of, say, committing from a dropped partition.

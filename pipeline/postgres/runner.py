@@ -1,19 +1,19 @@
 """The runner of the PostgreSQL sink: one consumer per process, one PgWorker per owned input partition.
 
 Lifecycle of partition p in this process: the worker's Phase (pipeline/lifecycle.py), moved by its methods.
-    assigned  -> take over: fence (bump epoch) -> restore offset + state              NEW -> REWINDING
-                 -> assign at that offset                                            REWINDING -> RUNNING
-                 (database unusable: assigned paused, a new worker takes p over later with back-off)  NEW
+    assigned  -> take over: fence (bump epoch), restore offset + state                            NEW -> REWINDING
+                 -> assigned at that offset                                                 REWINDING -> RUNNING
+                 (database unusable: assigned paused; a new worker takes p over later, with back-off)       NEW
     running   -> records processed in memory, one database transaction per batch (interval / size)
     failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch check failed
-                 (fenced): the worker is thrown away, p paused; after a back-off (bounded, doubling; fenced:
+                 (fenced): the worker is thrown away, p paused. After a back-off (bounded, doubling; fenced:
                  REFENCE_AFTER_S) a new worker takes p over if the group still gives p to this process:
-                 fence + restore                                                      NEW -> REWINDING
-                 -> the seek to the restored offset took effect, p resumed            REWINDING -> RUNNING
+                 fence + restore                                                              NEW -> REWINDING
+                 -> the seek to the restored offset took effect, p resumed                  REWINDING -> RUNNING
     revoked   -> the open batch is committed, the worker forgotten
     lost      -> the open batch is committed only if the epoch is still ours (the database decides, not the group
                  membership: if nobody fenced p yet, nothing was taken over and committing is correct)
-    poison    -> on_poison=stop: what came before is committed, p stays paused          RUNNING -> STOPPED
+    poison    -> on_poison=stop: what came before is committed, p stays paused                RUNNING -> STOPPED
 
 Kafka's committed group offsets are written after each database commit (asynchronously) for lag monitoring only;
 they are never read. The offsets table is the source of truth.
