@@ -1,5 +1,5 @@
-"""Rules 7 and 8: restore is complete and consistent, refuses loudly when something is missing, and never costs the
-group membership."""
+"""Restore is complete and consistent, refuses loudly when something is missing, and never costs the group membership
+(docs/guarantees.md: complete-restore, restore-keeps-membership)."""
 
 from __future__ import annotations
 
