@@ -35,7 +35,7 @@ from pipeline.settings import ConfigError, Settings
 log = logging.getLogger(__name__)
 BEFORE_TOPICS = "before-topics"
 AFTER_TOPICS = "after-topics"
-HINT = "grant it (deploy/SECURITY.md; `pipeline acls MODULE:ATTR` prints the commands) and start again"
+HINT = "Grant it (deploy/SECURITY.md; `pipeline acls MODULE:ATTR` prints the commands) and start again"
 _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
            KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 

@@ -19,9 +19,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -29,7 +30,7 @@ from pipeline.app import App
 from pipeline.loading import load_app
 from pipeline.testing import checker, inputs
 from pipeline.testing.drain import Observer, observe
-from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, wait_caught_up
+from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, kafka_env, wait_caught_up
 from pipeline.testing.oracle import Verdict, observer_subset_of_final
 
 ProducedRecord = tuple[int, bytes, bytes]
@@ -41,7 +42,12 @@ TRANSACTION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_TRANSACTION_TIMEOUT_MS"]) / 
 # -- one fault run ----------------------------------------------------------------------------------------------------
 @dataclass
 class FaultRun:
-    """Fresh topics and app id, paced input, a fleet of instances, and the checker at the end."""
+    """Fresh topics and app id, paced input, a fleet of instances, and the checker at the end.
+
+    On a secured cluster, `client_config` (librdkafka properties: security protocol, credentials, CA) is what this
+    run's own clients use (topic creation, input, observer, offsets, checker: an admin's, who may read everything),
+    and `service_config` what the pipeline processes get as PIPELINE_KAFKA_* (the service's principal). Both empty:
+    a plain broker, as before."""
 
     app: App
     app_spec: str
@@ -50,6 +56,9 @@ class FaultRun:
     log_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     replication: int = 1
+    client_config: dict[str, str] = field(default_factory=dict)
+    service_config: dict[str, str] = field(default_factory=dict)
+    log_level: str | None = None  # the processes' `pipeline --log-level`
     fleet: Fleet | None = None
     observer: Observer | None = None
     _feeder: threading.Thread | None = None
@@ -58,33 +67,38 @@ class FaultRun:
         suffix = uuid.uuid4().hex[:8]
         self.app_id, self.input_topic, self.output_topic = f"chaos-{suffix}", f"in-{suffix}", f"out-{suffix}"
         inputs.create_topics(self.bootstrap, {self.input_topic: self.partitions, self.output_topic: self.partitions},
-                             replication=self.replication)
+                             replication=self.replication, extra_config=self.client_config)
 
     def start(self, instances: int) -> Fleet:
+        """Starts `instances` pipeline processes (a second call adds them to the same fleet) and the observer."""
         env = {"PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic,
-               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **self.env}
-        self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id)
+               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **kafka_env(self.service_config), **self.env}
+        if self.fleet is None:
+            self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id, self.log_level)
         self.fleet.start(instances)
-        self.observer = observe(self.bootstrap, self.output_topic)
+        if self.observer is None:
+            self.observer = observe(self.bootstrap, self.output_topic, extra_config=self.client_config)
         return self.fleet
 
     def feed(self, records: Sequence[ProducedRecord], seconds: float) -> None:
         """Produces the records spread evenly over `seconds`, in the background."""
         self._feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, self.input_topic, records,
-                                                                    seconds), daemon=True)
+                                                                    seconds, self.client_config), daemon=True)
         self._feeder.start()
 
     def finish(self, timeout_s: float = 120) -> Outcome:
         if self._feeder:
             self._feeder.join(timeout_s)
-        lag = wait_caught_up(self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s)
+        lag = wait_caught_up(self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s,
+                             self.client_config)
         self.fleet.stop_all()
         observed = self.observer.stop()
         if lag:
             return Outcome(None, lag, [], self.fleet.logs())
         verdict = checker.verify(self.app, self.bootstrap, input_topic=self.input_topic,
                                  output_topic=self.output_topic, dead_letter_topic=f"{self.app_id}-dlq",
-                                 changelog_topic=f"{self.app_id}-changelog", group_id=self.app_id, timeout_s=60)
+                                 changelog_topic=f"{self.app_id}-changelog", group_id=self.app_id, timeout_s=60,
+                                 extra_config=self.client_config)
         phantoms = observer_subset_of_final(observed, verdict)
         return Outcome(verdict, {}, phantoms, self.fleet.logs())
 
@@ -107,8 +121,9 @@ class Outcome:
         return self.verdict is not None and self.verdict.ok and not self.phantoms
 
 
-def produce_paced(bootstrap: str, topic: str, records: Sequence[ProducedRecord], seconds: float) -> None:
-    producer = Producer(inputs.producer_config(bootstrap) | {"linger.ms": 5})
+def produce_paced(bootstrap: str, topic: str, records: Sequence[ProducedRecord], seconds: float,
+                  extra_config: Mapping[str, Any] | None = None) -> None:
+    producer = Producer(inputs.producer_config(bootstrap, extra_config) | {"linger.ms": 5})
     steps = max(1, int(seconds * 10))
     per_step = len(records) // steps + 1
     started = time.monotonic()

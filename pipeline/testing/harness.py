@@ -14,11 +14,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.offsets import high_watermarks
+from pipeline.settings import KAFKA_ENV_PREFIX
 
 # Short enough that a fault run on 2 cores takes seconds, long enough for a loaded machine.
 FAST_FAILOVER = {
@@ -27,6 +29,17 @@ FAST_FAILOVER = {
     "PIPELINE_TRANSACTION_TIMEOUT_MS": "10000",
     "PIPELINE_REQUEST_TIMEOUT_MS": "10000",
 }
+
+
+def kafka_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """librdkafka properties (a secured cluster's, say) as the PIPELINE_KAFKA_* environment of pipeline processes;
+    bootstrap.servers is left out (PIPELINE_BOOTSTRAP_SERVERS carries it)."""
+    return {KAFKA_ENV_PREFIX + key.upper().replace(".", "_"): str(value) for key, value in config.items()
+            if key != "bootstrap.servers"}
+
+
+def _admin(bootstrap: str, config: Mapping[str, Any] | None) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
 
 
 @dataclass
@@ -66,12 +79,14 @@ class Instance:
 
 @dataclass
 class Fleet:
-    """Instances of one app sharing one consumer group."""
+    """Instances of one app sharing one consumer group. `env` reaches every instance (a secured cluster's
+    credentials as PIPELINE_KAFKA_*, see kafka_env); `log_level` is `pipeline --log-level` (default: info)."""
 
     app_spec: str
     bootstrap: str
     env: Mapping[str, str]
     log_dir: Path
+    log_level: str | None = None
     instances: list[Instance] = field(default_factory=list)
     _started: int = 0
 
@@ -89,7 +104,8 @@ class Fleet:
                "PIPELINE_KAFKA_CLIENT_ID": name}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline", "run", self.app_spec],
+                [sys.executable, "-m", "pipeline", *(("--log-level", self.log_level) if self.log_level else ()),
+                 "run", self.app_spec],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         return Instance(name, process, log_path)
@@ -112,8 +128,11 @@ class Fleet:
         return "\n".join(f"--- {i.name} (exit {i.process.poll()}) ---\n{i.log_tail()}" for i in self.instances)
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[int], timeout_s: float) -> dict:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[int], timeout_s: float,
+                      config: Mapping[str, Any] | None = None) -> dict:
+    """The group's committed offsets; `config`: the client settings of a secured cluster (none for a plain one)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, **(config or {}), "group.id": group,
+                         "enable.auto.commit": False})
     try:
         tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
         return {tp.partition: tp.offset for tp in tps}
@@ -121,22 +140,24 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[i
         consumer.close()
 
 
-def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float) -> dict[int, int]:
+def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float,
+                   config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """Waits until the group's committed offsets reach the input's end; returns the last lag seen if not."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap, config)
     ends = high_watermarks(admin, topic, list(range(partitions)), 10)
     deadline = time.monotonic() + timeout_s
     while True:
-        committed = committed_offsets(bootstrap, group, topic, list(range(partitions)), 10)
+        committed = committed_offsets(bootstrap, group, topic, list(range(partitions)), 10, config)
         lag = {p: ends[p] - max(committed.get(p, 0), 0) for p in ends}
         if not any(lag.values()) or time.monotonic() > deadline:
             return {p: n for p, n in lag.items() if n}
         time.sleep(0.25)
 
 
-def group_owners(bootstrap: str, group: str, timeout_s: float = 10) -> dict[str, list[int]]:
+def group_owners(bootstrap: str, group: str, timeout_s: float = 10,
+                 config: Mapping[str, Any] | None = None) -> dict[str, list[int]]:
     """client.id of each group member (the instance name) -> the input partitions it owns now."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = _admin(bootstrap, config)  # kept in a variable: a client collected before its answer never answers
     description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
     return {
         member.client_id: sorted(tp.partition for tp in member.assignment.topic_partitions)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,10 +150,12 @@ def verify_tables(
     input_topic: str | None = None,
     app_id: str | None = None,
     timeout_s: float = 60.0,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> Verdict:
-    """Drains the input topic, reads the tables, checks. Run it after the pipeline stopped (or caught up)."""
+    """Drains the input topic, reads the tables, checks. Run it after the pipeline stopped (or caught up).
+    `extra_config` (security etc.) goes to the Kafka clients."""
     target = Target(schema, app, app_id or app.name, input_topic or app.input_topic)
-    config = {"bootstrap.servers": bootstrap}
+    config = {"bootstrap.servers": bootstrap, **(extra_config or {})}
     inputs = drain_topic(AdminClient(config), config, target.input_topic, timeout_s)
     if not inputs.exists:
         raise LookupError(f"input topic {target.input_topic} does not exist")
@@ -169,10 +171,12 @@ def verify_tables(
 
 
 def wait_caught_up(
-    bootstrap: str, dsn: str, target: Target, partitions: Sequence[int], timeout_s: float
+    bootstrap: str, dsn: str, target: Target, partitions: Sequence[int], timeout_s: float,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> dict[int, int]:
     """Waits until the offsets table reaches the input's high watermarks; returns the lag left ({} when caught up)."""
-    ends = high_watermarks(AdminClient({"bootstrap.servers": bootstrap}), target.input_topic, list(partitions), 10)
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra_config or {})})
+    ends = high_watermarks(admin, target.input_topic, list(partitions), 10)
     deadline = time.monotonic() + timeout_s
     lag: dict[int, int] = dict(ends)
     while True:
