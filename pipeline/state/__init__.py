@@ -2,10 +2,12 @@
 
     store.py            PartitionState: values kept encoded, undo logs per record and per transaction
     changelog.py        the changelog record format (state changes + one checkpoint per transaction)
-    snapshot_format.py  full snapshots: chunks + one manifest (also written by the Spark job in snapshots/)
+    snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one chunk verifier (the restore and
+                        the Spark job in snapshots/ both use it)
     snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
-    snapshot_writer.py  writing a snapshot from a running pipeline (SNAPSHOT_ON_SHUTDOWN)
-    restore.py          restore = newest complete snapshot + changelog since, stepped between polls
+    snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
+                        running pipeline (SNAPSHOT_ON_SHUTDOWN)
+    restore.py          restore = newest complete snapshot + changelog since, stepped between polls (RestoreManager)
 """
 
 from pipeline.state.store import PartitionState
