@@ -71,7 +71,7 @@ def missing_transactional_id(error: KafkaError, transactional_id: str) -> Missin
     if error.code() != KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return None
     return MissingPermission(f"missing Kafka permission: WRITE and DESCRIBE on transactional-id {transactional_id!r} "
-                             f"(a prefixed ACL on the app id followed by a dot covers every partition's). {HINT}")
+                             f"(init_transactions refused: TRANSACTIONAL_ID_AUTHORIZATION_FAILED). {HINT}")
 
 
 def _topic_gaps(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, before_topics: bool) -> list[str]:

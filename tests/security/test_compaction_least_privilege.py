@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.acls import Names, compaction_acls, pipeline_acls
-from pipeline.kafka.offsets import high_watermarks, low_watermarks
+from pipeline.kafka.offsets import low_watermarks
 from tests.faults.conftest import assert_exactly_once
 from tests.security.conftest import COMPACTION, PARTITIONS, PIPELINE, log_text, names_of, totals_records
 from tests.security.test_least_privilege import named
@@ -86,8 +86,8 @@ def test_compaction_job_and_pipeline_under_their_own_principals(kafka_secure, se
 @pytest.mark.parametrize("index", range(len(TEMPLATE)), ids=[acl.key for acl in TEMPLATE])
 def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(index: int, kafka_secure, secure_run,
                                                                      grants) -> None:
-    """A failing start writes nothing (asserted), so what it leaves is what was there before: the run above, with
-    every ACL, is the run after re-granting."""
+    """The failed run must publish nothing (the pipeline's next restore finds no snapshot) and delete nothing (the
+    changelog still starts at 0); what it leaves is then what the run with every ACL above started from."""
     run = secure_run()
     names = names_of(run)
     grants.grant(PIPELINE, pipeline_acls(names))
@@ -106,5 +106,9 @@ def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(index: int,
     assert "missing Kafka permission" in output and named(missing) in output, output
     assert time.monotonic() - started < FAIL_FAST_S
     admin = AdminClient(kafka_secure.client_config("admin"))
-    assert set(high_watermarks(admin, names.snapshots, list(range(PARTITIONS)), 10).values()) == {0}
     assert set(low_watermarks(admin, names.changelog, list(range(PARTITIONS)), 10).values()) == {0}
+    run.feed(totals_records(100, seed=100 + index), seconds=1)
+    run.start(1)
+    assert_exactly_once(run.finish())
+    assert len(re.findall(r"restored: \d+ keys from 0 snapshot entries \(no snapshot\)", log_text(run))) \
+        == 2 * PARTITIONS, log_text(run)
