@@ -6,37 +6,64 @@
 #   docker run --rm eos-pipeline run pipeline.examples.running_totals:app --bootstrap-servers broker:9092
 #   docker build --target compaction -t eos-pipeline-compaction .    runs `snapshots compact ...`
 #
+# BASE_IMAGE: any Debian bookworm-based image with python3 (3.11) and its venv module. The default comes from a
+# registry; without one, `make image` builds a base from Debian's packages (deploy/image/base.sh) and passes
+# --build-arg BASE_IMAGE=localhost/eos-pipeline-base:bookworm (podman). Nothing else is pulled: the JRE and Maven
+# come from the base's apt sources, Python packages from its pip index, the connector from Maven Central.
+#
 # Settings come from PIPELINE_* environment variables (pipeline/settings.py); nothing is baked into the image.
 
-FROM python:3.11-slim AS base
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS base
+# A virtualenv: Debian's own python3 refuses system-wide pip installs (PEP 668); the slim image's python is fine
+# with it, and the same layout everywhere keeps `pipeline`, `snapshots` and `spark-submit` on the PATH.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN groupadd --system --gid 10001 pipeline \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv \
+ && groupadd --system --gid 10001 pipeline \
  && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/pipeline --shell /usr/sbin/nologin pipeline
-WORKDIR /src
+
 # Only what `pip install .` needs (pyproject's readme is README.md); everything else is in .dockerignore.
-COPY pyproject.toml README.md ./
-COPY pipeline ./pipeline
-COPY snapshots ./snapshots
+FROM scratch AS source
+COPY pyproject.toml README.md /src/
+COPY pipeline /src/pipeline
+COPY snapshots /src/snapshots
 
-# Spark's Kafka connector, resolved from Maven Central with the project's own pom and pinned versions.
-FROM maven:3.9-eclipse-temurin-17 AS spark-jars
-WORKDIR /build
-COPY deploy/versions.env deploy/local/spark/pom.xml ./
-RUN set -a && . ./versions.env && set +a \
- && mvn -q -B -f pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/opt/spark-kafka \
-      -Dspark.version="$SPARK_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION"
-
-FROM base AS compaction
+FROM base AS jre
 # Debian's default JRE of the base image's release (Spark 4 runs on 17 and 21).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends default-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
+
+# Spark's Kafka connector, resolved from Maven Central with the project's own pom and pinned versions
+# (deploy/versions.env; the pom pins the dependency plugin). Debian's Maven: no Maven image to pull.
+FROM jre AS spark-jars
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends maven \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /build
+COPY deploy/versions.env deploy/local/spark/pom.xml ./
+RUN set -a && . ./versions.env && set +a \
+ && mvn -q -B -f pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/opt/spark-kafka \
+      -Dspark.version="$SPARK_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" \
+ && rm -rf /root/.m2
+
+FROM jre AS compaction
+# The dependencies (pinned in pyproject.toml) in a layer of their own, installed with a stub of the package: a change
+# to the code or the README reinstalls only the package.
+COPY pyproject.toml /src/
 # hadolint ignore=DL3013
-RUN pip install ".[spark]" && rm -rf /src
+RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
+ && pip install "/src[spark]" && pip uninstall -q -y eos-pipeline
+COPY --from=source /src /src
+RUN pip install --no-deps /src && rm -rf /src
 COPY --from=spark-jars /opt/spark-kafka /opt/spark-kafka
 # snapshots/spark_session.py passes this to spark.jars, which accepts globs.
 ENV SPARK_KAFKA_JARS=/opt/spark-kafka/*.jar
@@ -45,9 +72,12 @@ WORKDIR /home/pipeline
 CMD ["snapshots", "--help"]
 
 FROM base AS runtime
-# The package pins its dependencies in pyproject.toml.
+COPY pyproject.toml /src/
 # hadolint ignore=DL3013
-RUN pip install . && rm -rf /src
+RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
+ && pip install /src && pip uninstall -q -y eos-pipeline
+COPY --from=source /src /src
+RUN pip install --no-deps /src && rm -rf /src
 USER 10001:10001
 WORKDIR /home/pipeline
 # METRICS_PORT used by docker-compose.yml and deploy/kubernetes (/metrics, /ready, /live); the default 0 serves none.

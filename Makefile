@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Both set up everything they need first.
-.PHONY: setup demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean
+.PHONY: setup demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -20,6 +20,11 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 	.venv/bin/ruff format --check .
+
+# The service and compaction images with podman (installed and configured by deploy/image/engine.sh when missing),
+# on a Debian base built here: no image registry needed. deploy/image/fresh.sh runs `make demo` in a fresh container.
+image:
+	deploy/image/build.sh
 
 kafka-start:
 	deploy/local/kafka.sh start

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `make image`: the service image and the compaction image, built with podman on a base built here from Debian's
+# packages (no image registry needed).
+#
+#   deploy/image/build.sh [service|compaction]...    default: both
+#
+# Images: $EOS_IMAGE (default localhost/eos-pipeline:local) and $EOS_COMPACTION_IMAGE (default
+# localhost/eos-pipeline-compaction:local), the names docker-compose.yml uses. EOS_BASE_IMAGE=python:3.11-slim (or any
+# Debian bookworm image with python3) builds on a registry's image instead of the local base.
+set -euo pipefail
+HERE="$(dirname "${BASH_SOURCE[0]}")"
+# shellcheck source=deploy/local/common.sh
+source "$HERE/../local/common.sh"
+
+export EOS_BASE_IMAGE="${EOS_BASE_IMAGE:-localhost/eos-pipeline-base:bookworm}"
+SERVICE_IMAGE="${EOS_IMAGE:-localhost/eos-pipeline:local}"
+COMPACTION_IMAGE="${EOS_COMPACTION_IMAGE:-localhost/eos-pipeline-compaction:local}"
+
+# Everything the Dockerfile reads (its context is cut down to these by .dockerignore), the base image and the target.
+inputs_digest() {
+  local target="$1"
+  {
+    echo "$target $(podman image inspect --format '{{.Id}}' "$EOS_BASE_IMAGE" 2>/dev/null || echo "$EOS_BASE_IMAGE")"
+    cd "$REPO_ROOT"
+    find Dockerfile .dockerignore pyproject.toml README.md pipeline snapshots deploy/versions.env \
+      deploy/local/spark/pom.xml -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
+  } | sha256sum | cut -c1-32
+}
+
+build_image() {
+  local target="$1" tag="$2" t0=$SECONDS digest
+  digest="$(inputs_digest "$target")"
+  # With vfs even a fully cached build copies every layer (a minute and more for the compaction image): skip it.
+  if [[ "$(podman image inspect --format '{{index .Labels "eos.inputs"}}' "$tag" 2>/dev/null)" == "$digest" ]]; then
+    info "$tag is up to date (inputs $digest)"
+    return 0
+  fi
+  local previous
+  previous="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
+  info "building $tag (Dockerfile --target $target, BASE_IMAGE=$EOS_BASE_IMAGE)"
+  # --network host: RUN steps reach the registries like the host does, without a bridge network (CNI, iptables).
+  podman build --network host --pull=never --build-arg BASE_IMAGE="$EOS_BASE_IMAGE" --target "$target" \
+    --label "eos.inputs=$digest" -t "$tag" -f "$REPO_ROOT/Dockerfile" "$REPO_ROOT" >&2 \
+    || die "podman build of $tag failed"
+  # The image this one replaces is untagged now; with vfs it holds a full copy of its file system: remove it (its
+  # cached parent layers stay for the next build).
+  if [[ -n "$previous" && "$previous" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]]; then
+    podman image rm "$previous" >/dev/null 2>&1 || true
+  fi
+  info "$tag built in $((SECONDS - t0))s, $(podman image inspect --format '{{.Size}}' "$tag" | numfmt --to=si)B"
+}
+
+"$HERE/engine.sh" setup
+if [[ "$EOS_BASE_IMAGE" == localhost/eos-pipeline-base:* ]]; then
+  "$HERE/base.sh"
+fi
+targets=("$@")
+((${#targets[@]})) || targets=(service compaction)
+for target in "${targets[@]}"; do
+  case "$target" in
+    service) build_image runtime "$SERVICE_IMAGE" ;;
+    compaction) build_image compaction "$COMPACTION_IMAGE" ;;
+    *) die "unknown image '$target' (service or compaction)" ;;
+  esac
+done

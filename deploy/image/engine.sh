@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# A container engine for building and running the images on a Debian machine without Docker: podman from Debian's
+# packages, configured for machines where crun cannot manage cgroups and the default ulimits are not permitted.
+#
+#   deploy/image/engine.sh setup    installs podman runc mmdebstrap uidmap slirp4netns when missing (root), and writes
+#                                   containers.conf + storage.conf when none exist (/etc/containers as root,
+#                                   ~/.config/containers otherwise)
+#   deploy/image/engine.sh check [IMAGE]
+#                                   exit 0 when podman can run a container of IMAGE (default: the base image);
+#                                   otherwise exit 1 with the reason on stderr (the image tests skip with it)
+#
+# Called by `make image` and by the image tests, never by `make setup`: not everybody wants podman installed.
+set -euo pipefail
+# shellcheck source=deploy/local/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../local/common.sh"
+
+PACKAGES=(podman runc mmdebstrap uidmap slirp4netns)
+BASE_IMAGE="${EOS_BASE_IMAGE:-localhost/eos-pipeline-base:bookworm}"
+
+if ((EUID == 0)); then
+  CONFIG_DIR=/etc/containers
+else
+  CONFIG_DIR="${XDG_CONFIG_HOME:-$HOME/.config}/containers"
+fi
+
+install_packages() {
+  local missing=() pkg
+  for pkg in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and no apt-get here: install podman yourself"
+  ((EUID == 0)) || die "need root (or sudo) to install: ${missing[*]}"
+  info "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 \
+    || die "apt-get install ${missing[*]} failed"
+}
+
+# runc: crun cannot set up cgroups on these machines. cgroupfs: no systemd to delegate cgroups to.
+# default_ulimits = []: the engine's default nofile/nproc limits are refused here ("operation not permitted").
+write_containers_conf() {
+  local file="$CONFIG_DIR/containers.conf"
+  [[ -e "$file" ]] && return 0
+  mkdir -p "$CONFIG_DIR"
+  info "writing $file (runc, cgroupfs, no default ulimits)"
+  cat >"$file" <<'EOF'
+# Written by deploy/image/engine.sh (eos-pipeline); delete it to get podman's defaults back.
+[containers]
+default_ulimits = []
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+}
+
+# vfs: plain copies, works on any file system and inside other containers (overlay needs kernel support that
+# nested or sandboxed machines may not give). Costs disk: every layer is a full copy.
+write_storage_conf() {
+  local file="$CONFIG_DIR/storage.conf"
+  [[ -e "$file" ]] && return 0
+  mkdir -p "$CONFIG_DIR"
+  info "writing $file (driver vfs)"
+  if ((EUID == 0)); then
+    cat >"$file" <<'EOF'
+# Written by deploy/image/engine.sh (eos-pipeline); delete it to get podman's defaults back.
+[storage]
+driver = "vfs"
+runroot = "/run/containers/storage"
+graphroot = "/var/lib/containers/storage"
+EOF
+  else
+    cat >"$file" <<'EOF'
+# Written by deploy/image/engine.sh (eos-pipeline); delete it to get podman's defaults back.
+[storage]
+driver = "vfs"
+EOF
+  fi
+}
+
+setup() {
+  install_packages
+  write_containers_conf
+  write_storage_conf
+  local out
+  out=$(podman info --format '{{.Store.GraphDriverName}} {{.Host.OCIRuntime.Name}}' 2>&1) \
+    || die "podman does not start: $out"
+  info "podman ready (storage driver, runtime: $out)"
+}
+
+check() {
+  local image="${1:-$BASE_IMAGE}" out
+  command -v podman >/dev/null 2>&1 || die "podman is not installed (deploy/image/engine.sh setup installs it)"
+  out=$(podman info --format '{{.Host.OCIRuntime.Name}}' 2>&1) || die "podman does not start: ${out##*$'\n'}"
+  podman image exists "$image" || die "image $image is not built (make image builds it)"
+  out=$(podman run --rm --network host "$image" true 2>&1) || die "podman cannot run a container of $image: ${out##*$'\n'}"
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  check) check "${2:-}" ;;
+  *)
+    echo "usage: $0 setup|check [IMAGE]" >&2
+    exit 2
+    ;;
+esac
