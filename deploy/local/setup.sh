@@ -14,6 +14,11 @@ if ((${#missing_packages[@]})); then
   info "installing Debian packages: ${missing_packages[*]}"
   [[ $(id -u) -eq 0 ]] || die "need root (or sudo) to install: ${missing_packages[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  if [[ " ${missing_packages[*]} " == *" postgresql "* ]]; then
+    # deploy/local/postgres.sh runs its own server: no 'main' cluster on port 5432 (as its own install does).
+    mkdir -p /etc/postgresql-common/createcluster.d
+    echo "create_main_cluster = false" >/etc/postgresql-common/createcluster.d/eos-pipeline.conf
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing_packages[@]}" >/dev/null
 fi
