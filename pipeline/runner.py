@@ -33,7 +33,9 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
 from pipeline.deadletter import dead_letter_topic
+from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.lifecycle import Phase
 from pipeline.loop import REFENCE_AFTER_S, FatalRunnerError, PollLoop
@@ -42,7 +44,7 @@ from pipeline.settings import Settings
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.restore import ChangelogRestore, RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
-from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
+from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted, transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,12 @@ class Runner(PollLoop):
         if self.app.stateful:
             internal[self.changelog_topic] = CHANGELOG_CONFIG
             internal[self.snapshot_topic] = SNAPSHOT_CONFIG
+        names = Names(self.app_id, self.input_topic, self.output_topic, self.changelog_topic, self.snapshot_topic,
+                      self.dead_letter_topic)
+        check_service(self.admin, names, s, stateful=self.app.stateful, phase=BEFORE_TOPICS)
         ensure_topics(self.admin, input_topic=self.input_topic, output_topic=self.output_topic, internal=internal,
                       replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
+        check_service(self.admin, names, s, stateful=self.app.stateful, phase=AFTER_TOPICS)
         self.consumer = Consumer(consumer_config(s, self.app_id))
         self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
                                self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
@@ -275,6 +281,9 @@ def _fence_with_retries(task: PartitionTask, settings: Settings) -> str | None:
             task.fence()
             return None
         except KafkaException as e:
+            txn_id = transactional_id(task.ctx.app_id, task.ctx.input_topic, task.partition)
+            if (missing := missing_transactional_id(e.args[0], txn_id)) is not None:
+                raise missing from e
             if time.monotonic() > deadline or e.args[0].fatal():
                 return str(e.args[0])
             log.warning("p%d: init_transactions: %s; retrying", task.partition, e.args[0])

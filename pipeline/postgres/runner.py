@@ -33,7 +33,9 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
+from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import consumer_config
+from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
 from pipeline.kafka.topics import partition_counts
 from pipeline.lifecycle import Phase
 from pipeline.loop import REFENCE_AFTER_S, PollLoop
@@ -77,6 +79,8 @@ class PgRunner(PollLoop):
             return
         s = self.settings
         admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
+        check_service(admin, Names(self.app_id, self.input_topic, ""), s, stateful=self.app.stateful,
+                      phase=BEFORE_TOPICS)
         if self.input_topic not in partition_counts(admin, self._timeout_s, needed=[self.input_topic]):
             raise ConfigError(f"INPUT_TOPIC: topic {self.input_topic!r} does not exist "
                               "(create it: pipeline topics create ...)")

@@ -25,8 +25,6 @@ pytestmark = pytest.mark.secure
 # Every ACL of the definition, by its key for a template app: one test each.
 TEMPLATE = pipeline_acls(Names("APP", "IN", "OUT"))
 FAIL_FAST_S = 30  # a start without one ACL must end within this (before the check: up to for ever)
-WIRING = ("wiring pending: Runner.open() must call permissions.check_service around ensure_topics, and the fence "
-          "must turn TRANSACTIONAL_ID_AUTHORIZATION_FAILED into permissions.missing_transactional_id (H6's report)")
 RECORDS, POISON_EVERY = 300, 100
 
 
@@ -46,7 +44,6 @@ def test_pipeline_is_exactly_once_with_exactly_its_acls(secure_run, grants) -> N
     assert outcome.verdict.outputs == 5_000
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING)
 @pytest.mark.parametrize("index", range(len(TEMPLATE)), ids=[acl.key for acl in TEMPLATE])
 def test_without_one_acl_the_start_fails_naming_it_and_commits_nothing(index: int, secure_run, grants) -> None:
     run = secure_run(processing_backoff_ms=5)  # poison records: the dead-letter topic is written too

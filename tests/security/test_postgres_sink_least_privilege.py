@@ -16,8 +16,6 @@ from tests.security.test_least_privilege import FAIL_FAST_S, named
 
 pytestmark = [pytest.mark.secure, pytest.mark.postgres]
 TEMPLATE = postgres_acls(Names("APP", "IN", ""))
-WIRING = ("wiring pending: PgRunner.open() must call permissions.check_service(..., phase=BEFORE_TOPICS) before its "
-          "input topic check (H6's report)")
 
 
 def test_postgres_sink_is_exactly_once_with_exactly_its_acls(secure_pg_run, grants) -> None:
@@ -35,7 +33,6 @@ def test_postgres_sink_is_exactly_once_with_exactly_its_acls(secure_pg_run, gran
     assert (verdict.outputs, verdict.dead_letters) == (4_000 - 8, 8)
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING)
 @pytest.mark.parametrize("index", range(len(TEMPLATE)), ids=[acl.key for acl in TEMPLATE])
 def test_without_one_acl_the_postgres_sink_stops_at_start_naming_it(index: int, secure_pg_run, grants) -> None:
     run = secure_pg_run()
