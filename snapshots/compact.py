@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from pipeline.kafka.acls import Names, compaction_acls
 from pipeline.kafka.offsets import CheckedConsumer
+from pipeline.kafka.permissions import MissingPermission, check
 from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, Manifest
 from snapshots import publish  # the module: a test runs another compaction in place of publish_manifests
 from snapshots.fold import fold_and_write
@@ -96,6 +98,12 @@ def options_from(args: argparse.Namespace) -> Options:
 
 def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
+    try:  # before Spark starts: a missing ACL fails in a second, naming it, with nothing read or written
+        check(AdminClient(opts.client()), compaction_acls(Names(opts.app_id, "", "", opts.changelog, opts.snapshots),
+                                                          keep_history=not opts.truncate), opts.timeout_s)
+    except MissingPermission as e:
+        print(f"compaction failed: {e}", file=sys.stderr)
+        return 1
     spark = _session(args.master, opts.app_id)
     try:
         report = compact(spark, opts)

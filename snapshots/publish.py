@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.errors import is_fenced, kafka_error
 from pipeline.kafka.offsets import low_watermarks, stable_end_offsets
+from pipeline.kafka.permissions import missing_transactional_id
 from pipeline.state.snapshot_finder import ManifestScan
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import manifest_for, produce_manifest
@@ -68,6 +69,8 @@ def _fenced_publisher(opts: Options) -> Producer:
     try:
         producer.init_transactions(opts.timeout_s)  # fences any other run of this app's compaction
     except KafkaException as e:
+        if (missing := missing_transactional_id(e.args[0], opts.publisher_id)) is not None:
+            raise CompactionError(str(missing)) from e
         raise CompactionError(f"cannot initialise the publisher {opts.publisher_id!r} within {opts.timeout_s:.0f}s "
                               f"({e.args[0]}); the chunks written stay unreferenced, a rerun redoes them") from e
     return producer

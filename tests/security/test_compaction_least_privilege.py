@@ -25,11 +25,6 @@ pytestmark = [pytest.mark.secure, pytest.mark.spark]
 COMPACT_TIMEOUT_S = 240
 TEMPLATE = compaction_acls(Names("APP", "", ""))
 FAIL_FAST_S = 60  # the job's process, Spark's imports included
-WIRING = ("needs a start-up permission check in `snapshots compact` (snapshots/compact.py, H2): "
-          "permissions.check(admin, compaction_acls(...), timeout) before the Spark session. Today: changelog READ -> "
-          "Spark tasks fail with TopicAuthorizationException (~45 s); snapshots READ+WRITE -> 'manifest scan did not "
-          "finish ... is a transaction on it stuck open?'; transactional id -> 'cannot initialise the publisher' after "
-          "the chunks were written; DELETE -> exit 0, a delete_records warning (retention is best effort)")
 
 
 def compaction_arguments(kafka_secure, app_id: str, password: str | None = None, timeout_s: int = 30) -> list[str]:
@@ -82,7 +77,6 @@ def test_compaction_job_and_pipeline_under_their_own_principals(kafka_secure, se
         assert kafka_secure.passwords["compaction"] not in output.stdout + output.stderr
 
 
-@pytest.mark.xfail(strict=True, reason=WIRING)
 @pytest.mark.parametrize("index", range(len(TEMPLATE)), ids=[acl.key for acl in TEMPLATE])
 def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(index: int, kafka_secure, secure_run,
                                                                      grants) -> None:
