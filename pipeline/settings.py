@@ -89,6 +89,7 @@ class Settings:
     processing_max_attempts: int = 3
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
+    timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
     group_instance_id: str = ""  # static membership (e.g. the pod name)
     metrics_port: int = 0  # 0: no HTTP endpoint
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
@@ -149,7 +150,8 @@ def validate(s: Settings) -> None:
     )
     require(s.on_poison in ("dead_letter", "stop"), f"ON_POISON must be dead_letter or stop, not {s.on_poison!r}")
     for name in ("commit_interval_ms", "commit_max_records", "poll_max_records", "processing_max_attempts",
-                 "session_timeout_ms", "transaction_timeout_ms", "request_timeout_ms", "restore_step_ms"):
+                 "session_timeout_ms", "transaction_timeout_ms", "request_timeout_ms", "restore_step_ms",
+                 "timers_per_turn"):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
