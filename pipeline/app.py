@@ -3,6 +3,12 @@
 No Kafka object ever reaches user code. `state` is a dict-like view of the input partition's state (keys are
 strings, values anything the state serde can encode); `record` is the decoded input; the return value is an
 iterable of `Output`s. The runner makes every call atomic: if `process` raises, its state changes are undone.
+
+Time (optional): an App with `on_timer` may schedule timers from `process` through `state.timers`
+(pipeline/state/timers.py): `state.timers.schedule(key, at_ms, payload=None, clock="stream")`. When one is due,
+`on_timer(state, timer) -> outputs` runs, exactly once in committed output (docs/guarantees.md: timers-exactly-once).
+`state_ttl_ms` expires keys not written for that long. `raise Reject("late", "...")` in `process` sends the record
+to the dead-letter topic at once, with that error type, instead of retrying it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,25 @@ class Record(NamedTuple):
     headers: Sequence[tuple[str, bytes]] = ()
 
 
+class Timer(NamedTuple):
+    """A due timer, as `on_timer` receives it. `clock` is "stream" (the input partition's stream time: the largest
+    record timestamp seen) or "wall" (wall-clock milliseconds since the epoch)."""
+
+    key: str
+    at_ms: int
+    payload: Any = None
+    clock: str = "stream"
+
+
+class Reject(Exception):
+    """Raised by `process`: this record goes to the dead-letter topic now, with `error_type` (e.g. "late"), in the
+    transaction that moves past it. Final: never retried, also with ON_POISON=stop. Its state changes are undone."""
+
+    def __init__(self, error_type: str, message: str = "") -> None:
+        super().__init__(message or error_type)
+        self.error_type = error_type
+
+
 class Output(NamedTuple):
     """A record to write. `partition=None` lets the producer's partitioner place it by key (murmur2, as Java)."""
 
@@ -39,8 +64,11 @@ class Output(NamedTuple):
 
 
 Process = Callable[[State, Record], Iterable[Output]]
-# (record count, partitions, seed) -> (partition, key bytes, value bytes): sample input for `pipeline chaos`.
-Generate = Callable[[int, int, int], Iterable[tuple[int, bytes, bytes]]]
+OnTimer = Callable[[State, Timer], Iterable[Output]]
+# (record count, partitions, seed) -> (partition, key bytes, value bytes[, timestamp ms]): sample input for
+# `pipeline chaos`. Without a timestamp the broker stamps the record when it arrives.
+Generate = Callable[[int, int, int], Iterable[tuple[int, bytes, bytes] | tuple[int, bytes, bytes, int]]]
+CLOCKS = ("stream", "wall")
 
 
 @dataclass(frozen=True)
@@ -58,6 +86,22 @@ class App:
     state_serde: Serde = JSON
     stateful: bool = True
     generate: Generate | None = None
+    on_timer: OnTimer | None = None  # called for each due timer scheduled through state.timers
+    state_ttl_ms: int | None = None  # keys not written for this long (on state_ttl_clock) are deleted
+    state_ttl_clock: str = "stream"
+
+    def __post_init__(self) -> None:
+        if self.state_ttl_clock not in CLOCKS:
+            raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
+        if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
+            raise ValueError(f"state_ttl_ms must be positive, not {self.state_ttl_ms}")
+        if self.timed and not self.stateful:
+            raise ValueError("timers and state TTL keep their bookkeeping in the state: a stateless App has neither")
+
+    @property
+    def timed(self) -> bool:
+        """Whether this App uses timers or state TTL (its state is then a TimedState)."""
+        return self.on_timer is not None or self.state_ttl_ms is not None
 
     def decode(self, key: bytes | None, value: bytes | None, topic: str, partition: int, offset: int,
                timestamp_ms: int = 0, headers: Sequence[tuple[str, bytes]] | None = None) -> Record:

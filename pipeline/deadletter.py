@@ -21,9 +21,10 @@ class DeadLetter:
     error_type: str
     error_message: str
     attempts: int
+    rejected: bool = False  # `process` raised Reject: dead-lettered on purpose (e.g. "late"), not after failures
 
     def headers(self) -> list[tuple[str, bytes]]:
-        fields = {
+        fields: dict[str, object] = {
             "topic": self.topic,
             "partition": self.partition,
             "offset": self.offset,
@@ -31,6 +32,8 @@ class DeadLetter:
             "error.message": self.error_message[:2000],
             "attempts": self.attempts,
         }
+        if self.rejected:
+            fields["rejected"] = 1
         return [(PREFIX + name, str(value).encode()) for name, value in fields.items()]
 
     @staticmethod
@@ -45,4 +48,5 @@ class DeadLetter:
             error_type=fields["error.type"],
             error_message=fields["error.message"],
             attempts=int(fields["attempts"]),
+            rejected=fields.get("rejected") == "1",
         )

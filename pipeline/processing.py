@@ -19,7 +19,7 @@ from typing import TypeVar
 from confluent_kafka import Message
 from prometheus_client import Counter
 
-from pipeline.app import App, Record
+from pipeline.app import App, Record, Reject
 from pipeline.deadletter import DeadLetter
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
@@ -60,10 +60,13 @@ class Attempts:
               try_once: Callable[[], Outputs]) -> Outputs | DeadLetter:
         """Called right after the first attempt at `msg` failed with `error`, its state changes still in place.
         Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
-        it was before the record. `try_once` decodes and processes the record again and returns its outputs."""
+        it was before the record. `try_once` decodes and processes the record again and returns its outputs.
+        A Reject is final: the record is dead-lettered at once, with the Reject's error type."""
         attempt = 1
         while True:
             state.undo_record()
+            if isinstance(error, Reject):
+                return self._reject(msg, error, attempt)
             self.errors.inc()
             if attempt >= self.max_attempts:
                 return self._give_up(msg, error, attempt)
@@ -74,6 +77,11 @@ class Attempts:
                 return try_once()
             except Exception as again:  # from decoding or from user code: still poison
                 error = again
+
+    def _reject(self, msg: Message, reject: Reject, attempts: int) -> DeadLetter:
+        self.dead_letters.inc()
+        return DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reject.error_type,
+                          str(reject), attempts, rejected=True)
 
     def _give_up(self, msg: Message, error: Exception, attempts: int) -> DeadLetter:
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"

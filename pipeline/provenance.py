@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import NamedTuple
+
 SOURCE_HEADER = "eos.source"
 
 
@@ -15,4 +18,32 @@ def decode_source(headers: list[tuple[str, bytes]] | None) -> tuple[int, int] | 
         if name == SOURCE_HEADER:
             partition, offset = value.split(b":")
             return int(partition), int(offset)
+    return None
+
+
+# Outputs of a timer's on_timer carry, instead of eos.source, where and what fired: the input partition, the
+# position (the input offset before which it fired: the record that moved stream time past it, or for a wall-clock
+# timer the next offset to process), the clock, the time it was due and its key. A checker tells a timer that fired
+# twice from one that fired once by these (docs/guarantees.md: timers-exactly-once).
+TIMER_HEADER = "eos.timer"
+
+
+class TimerSource(NamedTuple):
+    partition: int
+    position: int
+    clock: str
+    at_ms: int
+    key: str
+
+
+def encode_timer(partition: int, position: int, clock: str, at_ms: int, key: str) -> bytes:
+    return b"%d:%d:%s:%d:%s" % (partition, position, clock.encode(), at_ms, key.encode())
+
+
+def decode_timer(headers: Iterable[tuple[str, bytes]] | None) -> TimerSource | None:
+    """The firing an output came from, or None if it has no eos.timer header. ValueError if it is malformed."""
+    for name, value in headers or ():
+        if name == TIMER_HEADER:
+            partition, position, clock, at_ms, key = value.split(b":", 4)
+            return TimerSource(int(partition), int(position), clock.decode(), int(at_ms), key.decode())
     return None

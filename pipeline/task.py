@@ -46,6 +46,8 @@ from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
+from pipeline.state.timers import TimedState, wall_clock_ms
+from pipeline.timers import TimerFiring
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class TaskContext:
     metrics: Metrics
     # Test hook: called before each commit; returning True aborts that transaction instead (injected aborts).
     abort_hook: Callable[[int], bool] | None = None
+    wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
 
 
 class PartitionTask(Lifecycle):
@@ -91,7 +94,7 @@ class PartitionTask(Lifecycle):
         self.producer = ctx.make_producer(
             transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
         )
-        self.state = PartitionState(ctx.app.state_serde)
+        self.state = TimedState.of(ctx.app, ctx.wall_clock) if ctx.app.timed else PartitionState(ctx.app.state_serde)
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
         self.next_offset: int | None = None  # next input offset to process
         self._in_transaction = False
@@ -111,6 +114,10 @@ class PartitionTask(Lifecycle):
         # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
         self._attempts = Attempts.of(s, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters,
                                      sleep=time.sleep)
+        # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
+        # pays one test per record.
+        self._timers = TimerFiring.of(ctx.app, s, partition, self._encode, self._produce, self._pause_input,
+                                      ctx.metrics.processing_errors.labels(self.label)) if ctx.app.timed else None
 
     # -- 1. fence, before anything of p is read (docs/guarantees.md: fence-first) --------------------------------------
     def fence(self) -> None:
@@ -128,14 +135,17 @@ class PartitionTask(Lifecycle):
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
         started from (None: the whole changelog), `changelog_end` the changelog offset it covers up to."""
         self._transition(Phase.RUNNING)
-        self.state = state
+        self.state = state if self._timers is None else TimedState.of(self.ctx.app, self.ctx.wall_clock).adopt(state)
         self.snapshot_base, self.changelog_end = snapshot_base, changelog_end
 
     # -- 4. process ----------------------------------------------------------------------------------------------------
     def process(self, messages: list[Message]) -> None:
         """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
         identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
-        app, state, partition = self.ctx.app, self.state, self.partition
+        if self._timers is not None and self._timers.held:  # fetched while a burst of timers fires: held too
+            self._timers.held.extend(messages)
+            return
+        app, state, partition, timers = self.ctx.app, self.state, self.partition, self._timers
         decode_key, decode_value = _decoder(app.key_serde), _decoder(app.value_serde)
         encode = self._encode
         user_process, stateful, produce = app.process, app.stateful, self.producer.produce
@@ -148,6 +158,9 @@ class PartitionTask(Lifecycle):
                 continue  # fetched before a rewind took effect
             if not self._in_transaction:
                 self._begin()
+            if timers is not None and not timers.before_record(state, offset, msg.timestamp()[1]):
+                timers.hold(messages[messages.index(msg):])  # more are due than fire in one turn: p waits
+                break
             if stateful:
                 state.begin_record()
             try:
@@ -209,6 +222,27 @@ class PartitionTask(Lifecycle):
             produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
         except KafkaException as e:
             _raise_classified("produce", e)
+
+    # -- 4b. timers (docs/guarantees.md: timers-exactly-once) ----------------------------------------------------------
+    def tick(self, now_ms: int) -> None:
+        """Every loop turn (the runner calls it): a held burst of due stream timers goes on, then the records held
+        behind it; or the wall-clock timers due fire, even when no record arrives. At most TIMERS_PER_TURN each."""
+        timers = self._timers
+        if timers is None or self._phase is not Phase.RUNNING:
+            return
+        if timers.held:
+            self.process(timers.take_held())
+            if not timers.held:
+                timers.release()  # the burst is over: p is fetched again
+        elif self.next_offset is not None and self.state.due("wall", now_ms):
+            if not self._in_transaction:
+                self._begin()
+            timers.fire(self.state, "wall", now_ms, self.next_offset)
+            self.producer.poll(0)
+
+    def _pause_input(self, paused: bool) -> None:
+        tps = [TopicPartition(self.ctx.input_topic, self.partition)]
+        self.ctx.consumer.pause(tps) if paused else self.ctx.consumer.resume(tps)
 
     def _begin(self) -> None:
         if self.ctx.settings.exactly_once:
@@ -286,6 +320,8 @@ class PartitionTask(Lifecycle):
         if self._in_transaction and self.ctx.settings.exactly_once:
             self._call(self.producer.abort_transaction, self._timeout_s)
         self._in_transaction = False
+        if self._timers is not None:
+            self._timers.release()  # held records are fetched again after the seek
         self.state.undo_transaction()
         self.next_offset = self.committed_offset
         self.ctx.metrics.transactions.labels(self.label, "aborted").inc()

@@ -1,0 +1,120 @@
+"""Firing due timers into the open transaction of one input partition (docs/guarantees.md: timers-exactly-once).
+
+The state side (where timers live, which one is due next) is pipeline/state/timers.py. Here each due timer becomes
+one unit of work, like a record: its entry is removed and `on_timer` runs, and both are undone together if it
+raises; its outputs carry the eos.timer header (pipeline/provenance.py) instead of eos.source. A TTL expiry is the
+same unit without a callback: the key and its deadline deleted (tombstones in the changelog).
+
+When they fire:
+- stream time: before the record that moves stream time to or past their due time (and before any record while one
+  is due: a timer scheduled in the past fires before the next record). Position = that record's offset;
+- wall clock: on the poll loop's turn (`PartitionTask.tick`), even when no record arrives. Position = the next offset
+  to process.
+At most `budget` timers fire per call: a burst of due timers is spread over loop turns, so the poll loop keeps
+polling (and the partition its membership). A failing `on_timer` is retried like a record; when it keeps failing the
+partition stops (PoisonRecordStop): a timer has no input record that could be dead-lettered in its place.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+from prometheus_client import Counter
+
+from pipeline.app import App, Output
+from pipeline.processing import PoisonRecordStop
+from pipeline.provenance import TIMER_HEADER, encode_timer
+from pipeline.settings import Settings
+from pipeline.state.timers import Due, TimedState
+
+log = logging.getLogger(__name__)
+# The task's produce: (topic, key bytes, value bytes, partition or -1, headers) into the open transaction.
+Produce = Callable[[str, Any, Any, int, list], None]
+
+
+@dataclass
+class TimerFiring:
+    """One partition's firing of due timers, and the records held back while a burst of them fires."""
+
+    app: App
+    partition: int
+    encode: Callable[[Output], tuple]
+    produce: Produce
+    pause_input: Callable[[bool], None]  # True: stop fetching p (records are held), False: fetch again
+    errors: Counter  # failed attempts of this partition (records and timers alike)
+    max_attempts: int
+    backoff_s: float
+    budget: int  # timers fired per call at most (TIMERS_PER_TURN)
+    sleep: Callable[[float], None] = time.sleep
+    held: list[Message] = field(default_factory=list)
+    _paused: bool = False
+
+    @classmethod
+    def of(cls, app: App, settings: Settings, partition: int, encode: Callable[[Output], tuple], produce: Produce,
+           pause_input: Callable[[bool], None], errors: Counter) -> TimerFiring:
+        return cls(app, partition, encode, produce, pause_input, errors, settings.processing_max_attempts,
+                   settings.processing_backoff_ms / 1000, settings.timers_per_turn)
+
+    def before_record(self, state: TimedState, offset: int, timestamp_ms: int) -> bool:
+        """Stream time moves to the record's timestamp and the stream timers now due fire, at most `budget` of
+        them. False: some are still due, so the record must wait (`hold`) for the next turn."""
+        if timestamp_ms >= 0:
+            state.advance_stream_time(timestamp_ms)
+        if not state.due("stream", state.stream_time_ms):
+            return True
+        return self.fire(state, "stream", state.stream_time_ms, offset)
+
+    def fire(self, state: TimedState, clock: str, now_ms: int, position: int) -> bool:
+        """Fires up to `budget` timers due at now_ms on `clock`, each tagged with `position`; True when none is
+        left due."""
+        for _ in range(self.budget):
+            due = state.pop_due(clock, now_ms)
+            if due is None:
+                return True
+            self._fire_one(state, due, clock, position)
+        return not state.has_due(clock, now_ms)
+
+    # -- records held behind a burst of due timers -------------------------------------------------------------------
+    def hold(self, messages: list[Message]) -> None:
+        """These records (the first one's timers not all fired yet) wait, and p is not fetched meanwhile."""
+        self.held = messages
+        if not self._paused:
+            self._paused = True
+            self.pause_input(True)
+
+    def take_held(self) -> list[Message]:
+        held, self.held = self.held, []
+        return held
+
+    def release(self) -> None:
+        """Nothing is held any more (all processed, or to be fetched again after a rewind): p is fetched again."""
+        self.held = []
+        if self._paused:
+            self._paused = False
+            self.pause_input(False)
+
+    def _fire_one(self, state: TimedState, due: Due, clock: str, position: int) -> None:
+        attempt = 1
+        while True:
+            state.begin_record()
+            timer = state.remove(due)
+            try:
+                outputs = [] if timer is None else [self.encode(o) for o in self.app.on_timer(state, timer)]
+                break
+            except Exception as error:  # user code: retried, then the partition stops
+                state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone
+                self.errors.inc()
+                if attempt >= self.max_attempts:
+                    raise PoisonRecordStop(f"p{self.partition}: on_timer({timer}) failed {attempt} times: "
+                                           f"{type(error).__name__}: {error}") from error
+                self.sleep(self.backoff_s * 2 ** (attempt - 1))
+                attempt += 1
+        if outputs:
+            header = (TIMER_HEADER, encode_timer(self.partition, position, clock, due.at_ms, timer.key))
+            for topic, key, value, partition, headers in outputs:
+                self.produce(topic, key, value, partition, [*headers, header] if headers else [header])
