@@ -120,10 +120,11 @@ class Runner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        rewinding = any(t.phase is Phase.REWINDING for t in self.tasks.values())
+        rewinding = any(t.phase is Phase.REWINDING or t.holding for t in self.tasks.values())
         busy = self.restores.busy or rewinding
         messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
         self._dispatch(messages)
+        self._tick_timers()
         self._commit_due()
         self._advance_restores()
         self._retry_rewinds_and_drops()
@@ -134,6 +135,16 @@ class Runner(PollLoop):
             task = self.tasks.get(p)
             if task is not None and task.phase is Phase.RUNNING:
                 self._guarded(task, task.process, batch)
+
+    def _tick_timers(self) -> None:
+        """Wall-clock timers fire even when no record arrives, and a burst of due stream timers goes on, both bounded
+        per turn (docs/guarantees.md: timers-exactly-once)."""
+        if not self.app.timed:
+            return
+        now_ms = self.ctx.wall_clock()
+        for task in list(self.tasks.values()):
+            if task.phase is Phase.RUNNING:
+                self._guarded(task, task.tick, now_ms)
 
     def _commit_due(self) -> None:
         now = time.monotonic()

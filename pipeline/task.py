@@ -240,6 +240,11 @@ class PartitionTask(Lifecycle):
             timers.fire(self.state, "wall", now_ms, self.next_offset)
             self.producer.poll(0)
 
+    @property
+    def holding(self) -> bool:
+        """Records are held while a burst of due timers fires (the runner polls without waiting meanwhile)."""
+        return self._timers is not None and bool(self._timers.held)
+
     def _pause_input(self, paused: bool) -> None:
         tps = [TopicPartition(self.ctx.input_topic, self.partition)]
         self.ctx.consumer.pause(tps) if paused else self.ctx.consumer.resume(tps)
