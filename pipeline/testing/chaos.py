@@ -128,8 +128,8 @@ def produce_paced(bootstrap: str, topic: str, records: Sequence[ProducedRecord],
     per_step = len(records) // steps + 1
     started = time.monotonic()
     for step, first in enumerate(range(0, len(records), per_step), start=1):
-        for partition, key, value in records[first : first + per_step]:
-            producer.produce(topic, value, key, partition=partition)
+        for partition, key, value, *timestamp in records[first : first + per_step]:  # timestamp: the App's event time
+            producer.produce(topic, value, key, partition=partition, timestamp=timestamp[0] if timestamp else 0)
         producer.poll(0)
         time.sleep(max(0.0, started + step * seconds / steps - time.monotonic()))
     if producer.flush(60):

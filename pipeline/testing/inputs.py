@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.clients import produce_waiting
 
-ProducedRecord = tuple[int, bytes, bytes]  # (partition, key, value)
+ProducedRecord = tuple[int, bytes, bytes]  # (partition, key, value); a 4th item, if any: the timestamp (ms)
 
 
 class ProduceError(RuntimeError):
@@ -175,7 +175,8 @@ def produce(
     extra_config: Mapping[str, Any] | None = None,
     timeout_s: float = 60.0,
 ) -> dict[int, int]:
-    """Writes (partition, key, value) records and waits for all of them; the count delivered per partition."""
+    """Writes (partition, key, value[, timestamp ms]) records and waits for all of them; the count delivered per
+    partition. Without a timestamp the producer stamps the record when it sends it."""
     producer = Producer(producer_config(bootstrap, extra_config))
     delivered: Counter[int] = Counter()
     failures: list[KafkaError] = []
@@ -186,8 +187,8 @@ def produce(
         else:
             failures.append(error)
 
-    for partition, key, value in records:
-        _produce_one(producer, topic, partition, key, value, on_delivery)
+    for partition, key, value, *timestamp in records:
+        _produce_one(producer, topic, partition, key, value, on_delivery, *timestamp)
     undelivered = producer.flush(timeout_s)
     if failures or undelivered:
         first = f", first error: {failures[0]}" if failures else ""
@@ -195,6 +196,7 @@ def produce(
     return {p: delivered[p] for p in range(partitions)}
 
 
-def _produce_one(producer: Producer, topic: str, partition: int, key: bytes, value: bytes, on_delivery: Any) -> None:
-    produce_waiting(producer, topic, value, key, partition=partition, on_delivery=on_delivery)
+def _produce_one(producer: Producer, topic: str, partition: int, key: bytes, value: bytes, on_delivery: Any,
+                 timestamp: int = 0) -> None:
+    produce_waiting(producer, topic, value, key, partition=partition, on_delivery=on_delivery, timestamp=timestamp)
     producer.poll(0)

@@ -47,8 +47,9 @@ class Overhead:
 
 def messages_for(app: App, records: int) -> list[Message]:
     generated = app.generate(records, 1, 0) if app.generate else []
-    return [Message(topic=app.input_topic, partition=0, offset=i, key=key, value=value, timestamp=(1, 0))
-            for i, (_, key, value) in enumerate(generated)]
+    return [Message(topic=app.input_topic, partition=0, offset=i, key=key, value=value,
+                    timestamp=(1, timestamp[0] if timestamp else 0))
+            for i, (_, key, value, *timestamp) in enumerate(generated)]
 
 
 def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:

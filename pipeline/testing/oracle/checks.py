@@ -13,9 +13,11 @@ import orjson
 
 from pipeline.app import App
 from pipeline.deadletter import DeadLetter
+from pipeline.provenance import TIMER_HEADER, decode_timer
 from pipeline.state.changelog import Checkpoint, is_checkpoint
 from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
 from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
+from pipeline.testing.oracle.timers import check_timers, comparable, timer_outputs
 from pipeline.testing.oracle.verdict import Findings, Verdict, clip, coord_name
 
 
@@ -111,7 +113,7 @@ def check_content(
 ) -> Findings:
     """Adds to `found` (which may already hold unreadable dead letters) and returns it."""
     for out in sorted(outputs, key=lambda r: r.coord):
-        if out.source is None:
+        if out.source is None and not any(name == TIMER_HEADER for name, _ in out.headers):
             found.add(f"out {out.partition}@{out.offset}", "no readable eos.source header")
     for coord, outs in sorted(by_source.items()):
         if coord not in inputs:
@@ -124,9 +126,21 @@ def check_content(
                     found.add(coord_name(coord), f"out {out.partition}@{out.offset}: {mismatch}")
     for coord, entries in sorted(dead.items()):
         for entry in entries:
-            if mismatch := _dead_letter_mismatch(entry, inputs.get(coord)):
+            mismatch = _dead_letter_mismatch(entry, inputs.get(coord)) or _rejection_mismatch(entry, coord, reference)
+            if mismatch:
                 found.add(coord_name(coord), f"dlq {entry.record.partition}@{entry.record.offset}: {mismatch}")
     return found
+
+
+def _rejection_mismatch(entry: DeadLetterEntry, coord: Coord, reference: Reference) -> str:
+    """A dead letter `process` wrote on purpose (Reject) must be one the reference writes too, of the same type."""
+    if not entry.letter.rejected:
+        return ""
+    expected = reference.rejections.get(coord)
+    if expected is None:
+        return f"rejected as {entry.letter.error_type!r}, but the reference does not reject it"
+    return "" if expected == entry.letter.error_type else \
+        f"rejected as {entry.letter.error_type!r}, the reference rejects it as {expected!r}"
 
 
 def _output_mismatch(out: KafkaRecord, expected: ExpectedOutput) -> str:
@@ -157,7 +171,7 @@ def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord]) -> Fi
     found = Findings()
     last: dict[tuple[int, int], int] = {}  # (output partition, input partition) -> last input offset seen
     for out in sorted(outputs, key=lambda r: r.coord):
-        if out.coord in extras or (source := out.source) is None:
+        if out.coord in extras or (source := _order_source(out)) is None:
             continue
         lane = (out.partition, source[0])
         previous = last.get(lane, -1)
@@ -168,6 +182,18 @@ def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord]) -> Fi
         else:
             last[lane] = source[1]
     return found
+
+
+def _order_source(out: KafkaRecord) -> Coord | None:
+    """The input coordinate an output is ordered by: its source record's, or for a timer's output the position
+    (input offset) before which the timer fired."""
+    if (source := out.source) is not None:
+        return source
+    try:
+        firing = decode_timer(out.headers)
+    except ValueError:
+        return None
+    return None if firing is None else (firing.partition, firing.position)
 
 
 def changelog_states(changelog: Iterable[KafkaRecord], found: Findings) -> dict[int, dict[str, bytes]]:
@@ -189,7 +215,10 @@ def changelog_states(changelog: Iterable[KafkaRecord], found: Findings) -> dict[
     return dict(states)
 
 
-def check_state(changelog: TopicDump, input_partitions: Sequence[int], reference: Reference) -> Findings:
+def check_state(changelog: TopicDump, input_partitions: Sequence[int], reference: Reference,
+                app: App | None = None) -> Findings:
+    """The changelog's final state per partition against the reference's (for an App with wall-clock timers: those
+    compared by payload only, see pipeline/testing/oracle/timers.py)."""
     found = Findings()
     if changelog.partitions != list(input_partitions):
         found.add(
@@ -197,7 +226,10 @@ def check_state(changelog: TopicDump, input_partitions: Sequence[int], reference
         )
     actual = changelog_states(changelog.records, found)
     for p in sorted(set(input_partitions) | actual.keys()):
-        compare_states(p, actual.get(p, {}), reference.states.get(p, {}), found)
+        have, want = actual.get(p, {}), reference.states.get(p, {})
+        if app is not None:
+            have, want = comparable(app, have), comparable(app, want)
+        compare_states(p, have, want, found)
     return found
 
 
@@ -271,16 +303,19 @@ def check(app: App, run: RunData) -> Verdict:
     )
     inputs = {record.coord: record for record in run.inputs.records}
     dead = parse_dead_letters(run.dead_letters.records, run.input_topic, verdict.content)
-    reference = fold_reference(
-        app, run.inputs.records, input_topic=run.input_topic, output_topic=run.outputs.topic, skip=dead.keys()
-    )
+    by_firing = timer_outputs(run.outputs.records, verdict.content)
+    # A record rejected on purpose is folded all the same: the reference must reject it too.
+    skip = {coord for coord, entries in dead.items() if not all(e.letter.rejected for e in entries)}
+    reference = fold_reference(app, run.inputs.records, input_topic=run.input_topic, output_topic=run.outputs.topic,
+                               skip=skip, wall_firings=[f for f in by_firing if f.clock == "wall"])
     by_source = outputs_by_source(run.outputs.records)
     verdict.duplicates = check_duplicates(by_source, dead, reference)
     verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
-    verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference))
+    timer_extras = check_timers(by_firing, reference.timers, verdict, _output_mismatch) if reference.timers else set()
+    verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference) | timer_extras)
     check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content)
     if run.changelog is not None:
-        verdict.state = check_state(run.changelog, run.inputs.partitions, reference)
+        verdict.state = check_state(run.changelog, run.inputs.partitions, reference, app)
     verdict.offsets = check_offsets(run)
     verdict.notes = _notes(run, reference)
     return verdict

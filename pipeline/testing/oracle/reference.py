@@ -1,7 +1,8 @@
 """The reference: `app.process` run offline over the input, one fresh state per input partition, no Kafka.
 
 It is what the run should have produced. A record whose processing fails offline (decode or `process` raises)
-needs a dead letter instead of outputs.
+needs a dead letter instead of outputs; one that `process` rejects (`Reject`) needs a dead letter of that error type.
+An App with timers has them fired by the same rule as the runtime's (pipeline/testing/oracle/timers.py).
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from pipeline.app import App, Output
+from pipeline.app import App, Output, Reject
+from pipeline.provenance import TimerSource
 from pipeline.state.store import PartitionState
 from pipeline.testing.oracle.records import Coord, KafkaRecord
+from pipeline.testing.oracle.timers import Firings, new_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,22 +33,35 @@ class Reference:
     failures: dict[Coord, str] = field(default_factory=dict)
     states: dict[int, dict[str, bytes]] = field(default_factory=dict)
     outputs_to_other_topics: int = 0
+    rejections: dict[Coord, str] = field(default_factory=dict)  # coordinate -> the Reject's error type
+    timers: Firings | None = None  # the timer firings, for an App with timers
 
     def expected_count(self, coord: Coord) -> int:
         return len(self.outputs.get(coord, ()))
 
 
 def fold_reference(
-    app: App, inputs: Iterable[KafkaRecord], *, input_topic: str, output_topic: str, skip: Collection[Coord] = ()
+    app: App, inputs: Iterable[KafkaRecord], *, input_topic: str, output_topic: str, skip: Collection[Coord] = (),
+    wall_firings: Iterable[TimerSource] = (),
 ) -> Reference:
     """Runs app.process offline over each input partition in offset order, with a fresh state per partition.
-    `skip`: coordinates that went to the dead letters in the run, left out as the runner left them out."""
+    `skip`: coordinates that went to the dead letters in the run, left out as the runner left them out.
+    `wall_firings`: where the run fired wall-clock timers (from its outputs' eos.timer headers)."""
     reference = Reference()
+    firings = reference.timers = Firings(app, lambda out: _encode(app, out), output_topic, wall_firings) \
+        if app.timed else None
     states: dict[int, PartitionState] = {}
     for record in sorted(inputs, key=lambda r: r.coord):
-        state = states.setdefault(record.partition, PartitionState(app.state_serde))
+        state = states.get(record.partition)
+        if state is None:
+            state = states[record.partition] = new_state(app)
+        if firings is not None:
+            firings.before_record(state, record)  # type: ignore[arg-type]
         if record.coord not in skip:
             _fold_one(app, state, record, input_topic, output_topic, reference)
+    if firings is not None:
+        for p, state in states.items():
+            firings.walls_until(state, p, None)  # type: ignore[arg-type]
     reference.states = {p: dict(state.encoded_items()) for p, state in states.items()}
     return reference
 
@@ -66,6 +82,8 @@ def _fold_one(
     except Exception as e:
         state.undo_record()
         reference.failures[record.coord] = f"process: {type(e).__name__}: {e}"
+        if isinstance(e, Reject):
+            reference.rejections[record.coord] = e.error_type
         return
     state.commit()  # keeps the undo logs small; the reference has no transactions
     reference.outputs[record.coord] = expected

@@ -1,0 +1,239 @@
+"""The test driver: an App's records through the production code path, with no broker (Kafka Streams'
+TopologyTestDriver for this template). Runs in milliseconds.
+
+    driver = AppDriver(app)                                  # 1 input partition; settings as keyword arguments
+    driver.send("acct-1", {"id": 1, "amount": 5}, timestamp_ms=1_000)   # -> the outputs that record caused
+    driver.advance_wall_clock(5_000)                         # wall-clock timers now due fire -> their outputs
+    driver.outputs, driver.dead_letters                      # what is committed (decoded)
+    driver.state(), driver.timers(), driver.stream_time()    # partition 0's, by default
+    driver.crash()                                           # open transactions lost, state restored
+    driver.verify()                                          # the checker's verdict over everything so far
+
+Each record goes through `PartitionTask.process` and each commit through `PartitionTask.commit`, the code the Kafka
+runner runs, against in-memory clients (pipeline/testing/memory.py) whose transactions commit outputs, changelog
+and offsets together or not at all. The driver plays the runner's part: it fetches the input from the committed
+position, calls `tick` every turn (wall-clock timers, bursts of due timers), turns an aborted transaction into a
+rewind, and takes a crashed partition over like a new owner (fence, committed offset, restore by folding the
+committed changelog, checkpoint checked against the offset). By default it commits after each call.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from confluent_kafka import Message
+
+from pipeline import settings as settings_module
+from pipeline.app import App, Timer
+from pipeline.deadletter import DeadLetter, dead_letter_topic
+from pipeline.lifecycle import Phase
+from pipeline.metrics import Metrics
+from pipeline.processing import PoisonRecordStop
+from pipeline.provenance import TimerSource, decode_source, decode_timer
+from pipeline.state import PartitionState
+from pipeline.state.changelog import Checkpoint, changelog_topic, is_checkpoint
+from pipeline.state.timers import TimedState
+from pipeline.task import PartitionTask, TaskContext, TransactionAborted
+from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
+from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
+from pipeline.testing.oracle.records import KafkaRecord
+
+MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
+
+
+class Produced(NamedTuple):
+    """One output, decoded with the App's output serdes."""
+
+    key: Any
+    value: Any
+    topic: str
+    partition: int
+    source: tuple[int, int] | None  # the input record (partition, offset) it came from; None for a timer's
+    timer: TimerSource | None  # the timer firing it came from; None for a record's
+
+
+class AppDriver:
+    __test__ = False  # pytest: not a test class
+
+    def __init__(self, app: App, *, partitions: int = 1, wall_clock_ms: int = 0, auto_commit: bool = True,
+                 **settings: Any) -> None:
+        self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
+        self.settings = settings_module.load(env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name,
+                                                        **settings})
+        self.input_topic, self.output_topic = app.input_topic, app.output_topic
+        self.changelog_topic, self.dead_letter_topic = changelog_topic(app.name), dead_letter_topic(app.name)
+        self.broker = MemoryBroker()
+        for topic in (self.input_topic, self.output_topic, self.changelog_topic, self.dead_letter_topic):
+            self.broker.create(topic, partitions)
+        self.consumer = MemoryConsumer(self.broker)
+        self._ctx = TaskContext(app, self.settings, app.name, self.input_topic, self.output_topic,
+                                self.changelog_topic, self.dead_letter_topic, self.consumer,  # type: ignore[arg-type]
+                                lambda txn_id: MemoryProducer(self.broker, txn_id),  # type: ignore[arg-type,return-value]
+                                Metrics(), self._abort_hook(), wall_clock=lambda: self.now_ms)
+        self.tasks: dict[int, PartitionTask] = {}
+        for p in range(partitions):
+            self._take_over(p)
+
+    # -- input and time ------------------------------------------------------------------------------------------
+    def send(self, key: Any, value: Any, *, timestamp_ms: int | None = None, partition: int | None = None,
+             headers: Sequence[tuple[str, bytes]] = ()) -> list[Produced]:
+        """One input record, encoded with the App's serdes (timestamp: the wall clock's now); the outputs it caused,
+        including those of timers it made due. Partition: crc32(key) % partitions unless given."""
+        return self.send_bytes(self.app.key_serde.serialize(key), self.app.value_serde.serialize(value),
+                               timestamp_ms=timestamp_ms, partition=partition, headers=headers)
+
+    def send_bytes(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None,
+                   partition: int | None = None, headers: Sequence[tuple[str, bytes]] = ()) -> list[Produced]:
+        """As `send`, with the record's bytes as they are (e.g. a poison record)."""
+        p = partition if partition is not None else zlib.crc32(key or b"") % self.partitions
+        offset = self.broker.reserve(self.input_topic, p)
+        ts = self.now_ms if timestamp_ms is None else timestamp_ms
+        self.broker.append(self.input_topic, KafkaRecord(p, offset, key, value, tuple(headers), ts))
+        return self._run()
+
+    def advance_wall_clock(self, ms: int) -> list[Produced]:
+        """Moves the wall clock on; the outputs of the wall-clock timers (and TTL) that became due."""
+        self.now_ms += ms
+        return self._run()
+
+    # -- transactions and failures -------------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Commits every partition's open transaction (the driver does after each call unless auto_commit=False)."""
+        for task in self.tasks.values():
+            if task.phase is Phase.RUNNING:
+                self._guarded(task, task.commit)
+
+    def crash(self, partition: int | None = None) -> None:
+        """The process dies: open transactions are lost. A new owner fences, reads the committed offset and restores
+        the state from the committed changelog, then goes on from there."""
+        for p in [partition] if partition is not None else list(self.tasks):
+            self._take_over(p)
+        self._run()
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    @property
+    def outputs(self) -> list[Produced]:
+        """Committed outputs on the output topic, in (partition, offset) order."""
+        return [self._decode(self.output_topic, r) for r in self.broker.committed_records(self.output_topic)]
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        return [DeadLetter.from_record(r.key, r.value, list(r.headers))
+                for r in self.broker.committed_records(self.dead_letter_topic)]
+
+    def state(self, partition: int = 0) -> dict[str, Any]:
+        """Partition p's state as `process` sees it, decoded (timers and TTL bookkeeping not shown)."""
+        state = self.tasks[partition].state
+        return {key: state[key] for key in state}
+
+    def timers(self, partition: int = 0) -> list[Timer]:
+        state = self.tasks[partition].state
+        return list(state.timers) if isinstance(state, TimedState) else []
+
+    def stream_time(self, partition: int = 0) -> int | None:
+        state = self.tasks[partition].state
+        return state.stream_time_ms if isinstance(state, TimedState) else None
+
+    def committed_offset(self, partition: int = 0) -> int | None:
+        return self.broker.group_offsets.get((self.input_topic, partition))
+
+    def run_data(self) -> RunData:
+        """Everything committed so far, as the checker reads a real run."""
+        def dump(topic: str) -> TopicDump:
+            return TopicDump(topic, self.broker.committed_records(topic), self.broker.ends(topic))
+
+        return RunData(self.input_topic, dump(self.input_topic), dump(self.output_topic),
+                       dump(self.dead_letter_topic), dump(self.changelog_topic) if self.app.stateful else None,
+                       {p: self.committed_offset(p) for p in range(self.partitions)})
+
+    def verify(self) -> Verdict:
+        """The checker's verdict (pipeline verify) over everything committed so far."""
+        self.commit()
+        return check(self.app, self.run_data())
+
+    # -- the runner's part ---------------------------------------------------------------------------------------
+    def _abort_hook(self) -> Callable[[int], bool] | None:
+        every = self.settings.test_abort_every  # as the runner: abort every k-th transaction of each partition
+        return (lambda n: n % every == 0) if every > 0 else None
+
+    def _take_over(self, p: int) -> None:
+        task = PartitionTask(self._ctx, p)
+        task.fence()
+        committed = self.committed_offset(p)
+        task.start(committed)
+        self.consumer.positions[p] = committed or 0
+        self.consumer.paused.discard(p)
+        if task.phase is Phase.RESTORING:
+            task.restored(self._restore(p, committed), None, self.broker.next_offsets[(self.changelog_topic, p)])
+        self.tasks[p] = task
+
+    def _restore(self, p: int, committed: int | None) -> PartitionState:
+        """p's committed changelog folded (docs/guarantees.md: complete-restore: its last checkpoint must name the
+        committed offset)."""
+        state, checkpoint = PartitionState(self.app.state_serde), None
+        for record in self.broker.records[(self.changelog_topic, p)]:
+            if is_checkpoint(record.key, list(record.headers)):
+                checkpoint = Checkpoint.decode(record.value or b"")
+            else:
+                state.load([(record.key.decode(), record.value)])
+        covered = checkpoint.next_input_offset if checkpoint else None
+        if covered != committed:
+            raise AssertionError(f"p{p}: the changelog covers input offset {covered}, the committed offset is "
+                                 f"{committed}: state and offsets were not committed together")
+        return state
+
+    def _run(self) -> list[Produced]:
+        first = len(self.broker.produced)
+        for p in self.tasks:
+            self._pump(p)
+        if self.auto_commit:
+            self.commit()
+        return [self._decode(topic, record) for topic, record in self.broker.produced[first:]
+                if topic not in (self.changelog_topic, self.dead_letter_topic)]
+
+    def _pump(self, p: int) -> None:
+        """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
+        task = self.tasks[p]
+        for _ in range(MAX_TURNS):
+            if task.phase is Phase.REWINDING:
+                task.try_seek_back()
+            if task.phase is not Phase.RUNNING:
+                return
+            batch = self._fetch(p)
+            if batch:
+                self._guarded(task, task.process, batch)
+            self._guarded(task, task.tick, self.now_ms)
+            state = task.state
+            if not (batch or task.holding or task.phase is Phase.REWINDING
+                    or (isinstance(state, TimedState) and state.has_due("wall", self.now_ms))):
+                return
+        raise RuntimeError(f"p{p}: still busy after {MAX_TURNS} turns (timers scheduling due timers forever?)")
+
+    def _fetch(self, p: int) -> list[Message]:
+        if p in self.consumer.paused:
+            return []
+        position = self.consumer.positions[p]
+        records = self.broker.records[(self.input_topic, p)][position:position + self.settings.poll_max_records]
+        if records:
+            self.consumer.positions[p] = records[-1].offset + 1
+        return [Message(topic=self.input_topic, partition=p, offset=r.offset, key=r.key, value=r.value,
+                        timestamp=(1, r.timestamp_ms), headers=list(r.headers) or None) for r in records]
+
+    def _guarded(self, task: PartitionTask, step: Callable, *args: Any) -> None:
+        """As the runner's: an aborted transaction rewinds, a poison record with ON_POISON=stop stops p after
+        committing what came before. A dropped partition (fenced) is raised to the test."""
+        try:
+            step(*args)
+        except TransactionAborted:
+            task.abort_and_rewind()
+        except PoisonRecordStop as e:
+            task.commit()
+            task.stop(str(e))
+            self.consumer.paused.add(task.partition)
+
+    def _decode(self, topic: str, record: KafkaRecord) -> Produced:
+        app, headers = self.app, list(record.headers)
+        return Produced(app.output_key_serde.deserialize(record.key), app.output_value_serde.deserialize(record.value),
+                        topic, record.partition, decode_source(headers), decode_timer(headers))
