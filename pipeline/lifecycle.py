@@ -43,6 +43,11 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 }
 
 
+def commit_deadline(opened_at: float, records: int, interval_ms: int, max_records: int) -> float:
+    """COMMIT_INTERVAL_MS after the transaction (batch) opened, or at once when it holds COMMIT_MAX_RECORDS."""
+    return opened_at + (0.0 if records >= max_records else interval_ms / 1000)
+
+
 class IllegalTransition(RuntimeError):
     """A move between phases that the table does not allow: a bug in the runner, never a broker or data problem."""
 
@@ -72,6 +77,15 @@ class Lifecycle:
         if to not in TRANSITIONS[self._phase]:
             raise IllegalTransition(f"p{self.partition}: {self._phase.value} -> {to.value} is not a transition")
         self._phase = to
+
+    def commit_deadline(self) -> float | None:
+        """When the open transaction (or batch) is due for its commit, on time.monotonic()'s clock; None when nothing
+        is open. The poll loop never waits past the earliest one."""
+        return None
+
+    def commit_due(self, now: float) -> bool:
+        deadline = self.commit_deadline()
+        return deadline is not None and now >= deadline
 
     def stop(self, error: str) -> None:
         """A poison record with on_poison=stop: nothing from it on is processed until an operator restarts."""

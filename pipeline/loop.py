@@ -19,6 +19,11 @@ from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
+# Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
+# gauges). Records are handed over as they arrive, whatever this is.
+IDLE_WAIT_S = 0.1
+# While a restore or a rewind is under way: its steps run between polls.
+BUSY_WAIT_S = 0.01
 # After a partition was dropped (Kafka: fenced or fatal producer; PostgreSQL: our epoch check failed): take it over
 # again only after this long, and only if the group still gives it to this process.
 REFENCE_AFTER_S = 2.0
@@ -82,6 +87,26 @@ class PollLoop:
                 _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
                 if high >= 0:
                     self.metrics.lag.labels(str(p)).set(max(0, high - owned.next_offset))
+
+    def _poll(self, longest_wait_s: float) -> list[Message]:
+        """Records as soon as there are any: waits for the first one, at most `longest_wait_s` and never past the
+        moment the earliest open transaction is due, then takes what is already fetched (up to POLL_MAX_RECORDS)
+        without waiting. consume(n, timeout) waits for n records or the whole timeout: at low load every record
+        waited for a batch that never filled (100 ms, whatever COMMIT_INTERVAL_MS), and commits came late by as much."""
+        wait = longest_wait_s
+        due = self._next_commit_deadline()
+        if due is not None:
+            wait = min(wait, max(0.0, due - time.monotonic()))
+        first = self.consumer.poll(wait)
+        if first is None:
+            return []
+        rest = self.settings.poll_max_records - 1
+        return [first, *self.consumer.consume(rest, 0)] if rest else [first]
+
+    def _next_commit_deadline(self) -> float | None:
+        deadlines = [deadline for owned in self._owned_partitions().values()
+                     if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None]
+        return min(deadlines, default=None)
 
     def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
         """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""

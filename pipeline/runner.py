@@ -38,7 +38,7 @@ from pipeline.kafka.clients import client_config, consumer_config, producer_conf
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.lifecycle import Phase
-from pipeline.loop import REFENCE_AFTER_S, FatalRunnerError, PollLoop
+from pipeline.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, FatalRunnerError, PollLoop
 from pipeline.processing import PoisonRecordStop
 from pipeline.settings import Settings
 from pipeline.state.changelog import changelog_topic
@@ -122,7 +122,7 @@ class Runner(PollLoop):
     def _loop_once(self) -> None:
         rewinding = any(t.phase is Phase.REWINDING or t.holding for t in self.tasks.values())
         busy = self.restores.busy or rewinding
-        messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
+        messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         self._dispatch(messages)
         self._tick_timers()
         self._commit_due()

@@ -36,7 +36,7 @@ from pipeline.app import App, Output, Record
 from pipeline.deadletter import DeadLetter
 from pipeline.errors import Action, classify, kafka_error
 from pipeline.kafka.clients import produce_waiting
-from pipeline.lifecycle import Lifecycle, Phase
+from pipeline.lifecycle import Lifecycle, Phase, commit_deadline
 from pipeline.metrics import Metrics
 from pipeline.processing import Attempts, record_from_message
 from pipeline.provenance import SOURCE_HEADER, encode_source
@@ -101,6 +101,7 @@ class PartitionTask(Lifecycle):
         self._txn_started = 0.0
         self._txn_records = 0
         self._txn_count = 0
+        self._txn_first_timestamp = self._txn_last_timestamp = 0  # of its input records (ms): end-to-end latency
         self._timeout_s = s.request_timeout_ms / 1000
         # For a snapshot on shutdown: what the state is a fold of. Set when the restore ends (restored()), then
         # moved past each committed transaction's checkpoint (its offset comes from the delivery report).
@@ -188,6 +189,9 @@ class PartitionTask(Lifecycle):
             self.next_offset = offset + 1
             self._txn_records += 1
             processed += 1
+        if processed:  # per batch, not per record: the end-to-end latency metric costs nothing on the hot path
+            self._txn_first_timestamp = self._txn_first_timestamp or messages[0].timestamp()[1]
+            self._txn_last_timestamp = msg.timestamp()[1]
         self._records_in.inc(processed)
         self._records_out.inc(produced)
         self.producer.poll(0)
@@ -255,13 +259,13 @@ class PartitionTask(Lifecycle):
         self._in_transaction = True
         self._txn_started = time.monotonic()
         self._txn_records = 0
+        self._txn_first_timestamp = self._txn_last_timestamp = 0
 
     # -- 5. commit (docs/guarantees.md: one-transaction) ---------------------------------------------------------------
-    def commit_due(self, now: float) -> bool:
+    def commit_deadline(self) -> float | None:
         s = self.ctx.settings
-        return self._in_transaction and (
-            now - self._txn_started >= s.commit_interval_ms / 1000 or self._txn_records >= s.commit_max_records
-        )
+        return commit_deadline(self._txn_started, self._txn_records, s.commit_interval_ms, s.commit_max_records) \
+            if self._in_transaction else None
 
     def commit(self) -> None:
         if not self._in_transaction:
@@ -284,6 +288,7 @@ class PartitionTask(Lifecycle):
         self._committed_txn = self._txn_count
         self._in_transaction = False
         self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
+        self.ctx.metrics.observe_end_to_end(self._txn_first_timestamp, self._txn_last_timestamp)
         self.ctx.metrics.transactions.labels(self.label, "committed").inc()
 
     def _write_changelog(self) -> None:

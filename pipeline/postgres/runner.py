@@ -38,7 +38,7 @@ from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
 from pipeline.kafka.topics import partition_counts
 from pipeline.lifecycle import Phase
-from pipeline.loop import REFENCE_AFTER_S, PollLoop
+from pipeline.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.postgres.sink import sink_of
 from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
@@ -112,7 +112,7 @@ class PgRunner(PollLoop):
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
         busy = any(worker.phase in TAKING_OVER for worker in self.workers.values())
-        messages = self.consumer.consume(self.settings.poll_max_records, 0.01 if busy else 0.1)
+        messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         self._dispatch(messages)
         self._commit_due()
         self._retry_pending()

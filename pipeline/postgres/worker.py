@@ -37,7 +37,7 @@ from psycopg import sql
 
 from pipeline.app import App, Output
 from pipeline.deadletter import DeadLetter
-from pipeline.lifecycle import Lifecycle, Phase
+from pipeline.lifecycle import Lifecycle, Phase, commit_deadline
 from pipeline.metrics import Metrics
 from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.postgres.sink import OutputRow, TableSink, Target
@@ -92,6 +92,7 @@ class PgWorker(Lifecycle):
         self._dead: list[DeadLetter] = []
         self._batch_records = 0
         self._batch_started = 0.0
+        self._batch_first_timestamp = self._batch_last_timestamp = 0  # of its input records (ms): end-to-end latency
         self._records_in = ctx.metrics.records_in.labels(self.label)
         self._records_out = ctx.metrics.records_out.labels(self.label)
         self._attempts = Attempts.of(ctx.settings, ctx.metrics.processing_errors.labels(self.label),
@@ -190,6 +191,9 @@ class PgWorker(Lifecycle):
             self.next_offset = offset + 1
             self._batch_records += 1
             processed += 1
+        if processed:
+            self._batch_first_timestamp = self._batch_first_timestamp or messages[0].timestamp()[1]
+            self._batch_last_timestamp = msg.timestamp()[1]
         self._records_in.inc(processed)
 
     def _retry(self, msg: Message, error: Exception) -> list[Output]:
@@ -210,11 +214,10 @@ class PgWorker(Lifecycle):
         """Records processed since the last commit."""
         return self._batch_records
 
-    def commit_due(self, now: float) -> bool:
+    def commit_deadline(self) -> float | None:
         s = self.ctx.settings
-        return self._batch_records > 0 and (
-            now - self._batch_started >= s.commit_interval_ms / 1000 or self._batch_records >= s.commit_max_records
-        )
+        return commit_deadline(self._batch_started, self._batch_records, s.commit_interval_ms, s.commit_max_records) \
+            if self._batch_records else None
 
     def commit(self) -> None:
         """Writes the batch and advances p's offset in one transaction, or raises Fenced / WriteFailed with nothing
@@ -239,6 +242,8 @@ class PgWorker(Lifecycle):
         self.committed_offset = self.next_offset
         self._rows, self._dead, self._batch_records = [], [], 0
         self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
+        self.ctx.metrics.observe_end_to_end(self._batch_first_timestamp, self._batch_last_timestamp)
+        self._batch_first_timestamp = self._batch_last_timestamp = 0
         self.ctx.metrics.transactions.labels(self.label, "committed").inc()
 
     def _advance_offset(self, cur: psycopg.Cursor) -> None:

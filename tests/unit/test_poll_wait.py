@@ -1,0 +1,270 @@
+"""How long the poll loop waits (no broker: a fake consumer on a fake clock).
+
+The loop hands records over as soon as there are any (it never waits for a full batch), and never waits past the
+moment the earliest open transaction is due: a transaction commits when it is due, not when a wait for records ends
+(issue 11: the old `consume(poll_max_records, 0.1)` held every record up to 100 ms, whatever COMMIT_INTERVAL_MS).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time as real_time
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import Message
+
+import pipeline.loop as loop_module
+import pipeline.metrics as metrics_module
+import pipeline.runner as runner_module
+import pipeline.task as task_module
+from pipeline import settings
+from pipeline.examples.copier import app as copier
+from pipeline.lifecycle import Lifecycle, Phase
+from pipeline.loop import IDLE_WAIT_S, PollLoop
+from pipeline.metrics import Metrics
+from pipeline.runner import Runner
+from pipeline.task import TaskContext
+
+
+class FakeClock:
+    """time.monotonic() and time.time() of the modules under test; only the fake consumer's waits move it."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeConsumer:
+    """Records arrive at given times; poll() waits for the first one at most `timeout`, consume() takes what is
+    there. Every wait is recorded with the clock at its start."""
+
+    def __init__(self, clock: FakeClock, arrivals: list[tuple[float, Message]] = ()) -> None:
+        self.clock = clock
+        self._arrivals = [(at, i, m) for i, (at, m) in enumerate(arrivals)]
+        heapq.heapify(self._arrivals)
+        self.waits: list[tuple[float, float]] = []  # (clock at the call, timeout)
+        self.committed_offsets: list = []
+
+    def _ready(self, limit: int) -> list[Message]:
+        out = []
+        while self._arrivals and self._arrivals[0][0] <= self.clock.now and len(out) < limit:
+            out.append(heapq.heappop(self._arrivals)[2])
+        return out
+
+    def poll(self, timeout: float) -> Message | None:
+        self.waits.append((self.clock.now, timeout))
+        if not self._ready_now():
+            next_arrival = self._arrivals[0][0] if self._arrivals else float("inf")
+            self.clock.now = min(self.clock.now + timeout, max(self.clock.now, next_arrival))
+        ready = self._ready(1)
+        return ready[0] if ready else None
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        self.waits.append((self.clock.now, timeout))
+        ready = self._ready(num_messages)
+        if len(ready) < num_messages and timeout > 0:  # librdkafka: waits for a full batch or the timeout
+            self.clock.now += timeout
+            ready += self._ready(num_messages - len(ready))
+        return ready
+
+    def _ready_now(self) -> bool:
+        return bool(self._arrivals) and self._arrivals[0][0] <= self.clock.now
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+    def commit(self, offsets=None, asynchronous=True) -> None:
+        self.committed_offsets.append((self.clock.now, offsets))
+
+    def get_watermark_offsets(self, tp, cached=False) -> tuple[int, int]:
+        return -1, -1
+
+
+class NullProducer:
+    """A transaction costs no time; commits are recorded with the clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.commits: list[float] = []
+
+    def init_transactions(self, timeout=None) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, *args, **kwargs) -> None:
+        pass
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout=None) -> int:
+        return 0
+
+    def send_offsets_to_transaction(self, offsets, group, timeout=None) -> None:
+        pass
+
+    def commit_transaction(self, timeout=None) -> None:
+        self.commits.append(self.clock.now)
+
+
+def message(partition: int, offset: int, timestamp_ms: int = 0) -> Message:
+    return Message(topic=copier.input_topic, partition=partition, offset=offset, key=b"k", value=b"v",
+                   timestamp=(1, timestamp_ms))
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    fake_time = SimpleNamespace(monotonic=fake.monotonic, time=fake.time, perf_counter=fake.perf_counter,
+                                sleep=fake.sleep)
+    for module in (loop_module, runner_module, task_module, metrics_module):
+        monkeypatch.setattr(module, "time", fake_time)
+    return fake
+
+
+# -- the wait itself (PollLoop._poll) ---------------------------------------------------------------------------------
+class Owned(Lifecycle):
+    def __init__(self, partition: int, deadline: float | None) -> None:
+        super().__init__()
+        self.partition, self.next_offset, self.deadline = partition, None, deadline
+        self._transition(Phase.RUNNING)
+
+    def commit_deadline(self) -> float | None:
+        return self.deadline
+
+
+class Loop(PollLoop):
+    def __init__(self, consumer: FakeConsumer, owned: dict[int, Owned], poll_max_records: int = 5_000) -> None:
+        super().__init__(settings.Settings(poll_max_records=poll_max_records))
+        self.consumer = consumer
+        self.owned = owned
+
+    def _owned_partitions(self) -> dict[int, Owned]:
+        return self.owned
+
+
+def test_records_already_fetched_are_returned_without_waiting_for_a_full_batch(clock: FakeClock) -> None:
+    consumer = FakeConsumer(clock, [(clock.now, message(0, i)) for i in range(3)])
+    started = clock.now
+    batch = Loop(consumer, {})._poll(IDLE_WAIT_S)
+    assert [m.offset() for m in batch] == [0, 1, 2]
+    assert clock.now == started, "waited although records were there"
+    assert consumer.waits[-1][1] == 0, "the rest of the batch must be taken without waiting"
+
+
+def test_the_first_record_is_returned_when_it_arrives(clock: FakeClock) -> None:
+    consumer = FakeConsumer(clock, [(clock.now + 0.004, message(0, 0)), (clock.now + 0.050, message(0, 1))])
+    started = clock.now
+    batch = Loop(consumer, {})._poll(IDLE_WAIT_S)
+    assert [m.offset() for m in batch] == [0]
+    assert clock.now == pytest.approx(started + 0.004)
+
+
+def test_the_wait_ends_when_the_earliest_transaction_is_due(clock: FakeClock) -> None:
+    owned = {0: Owned(0, clock.now + 0.5), 1: Owned(1, clock.now + 0.02), 2: Owned(2, None)}
+    consumer = FakeConsumer(clock)
+    started = clock.now
+    assert Loop(consumer, owned)._poll(IDLE_WAIT_S) == []
+    assert consumer.waits == [(started, pytest.approx(0.02, abs=1e-9))]
+
+
+def test_a_transaction_already_due_is_not_waited_for(clock: FakeClock) -> None:
+    consumer = FakeConsumer(clock)
+    Loop(consumer, {0: Owned(0, clock.now - 0.01)})._poll(IDLE_WAIT_S)
+    assert consumer.waits == [(clock.now, 0.0)]
+
+
+def test_a_partition_that_does_not_run_does_not_bound_the_wait(clock: FakeClock) -> None:
+    dropped = Owned(0, clock.now)
+    dropped._transition(Phase.DROPPED)
+    consumer = FakeConsumer(clock)
+    Loop(consumer, {0: dropped})._poll(IDLE_WAIT_S)
+    assert consumer.waits[0][1] == IDLE_WAIT_S
+
+
+def test_a_batch_is_never_larger_than_poll_max_records(clock: FakeClock) -> None:
+    consumer = FakeConsumer(clock, [(clock.now, message(0, i)) for i in range(10)])
+    assert len(Loop(consumer, {}, poll_max_records=4)._poll(IDLE_WAIT_S)) == 4
+    assert len(Loop(consumer, {}, poll_max_records=1)._poll(IDLE_WAIT_S)) == 1
+
+
+# -- the Kafka runner end to end: commits exactly when due ------------------------------------------------------------
+def running_runner(clock: FakeClock, consumer: FakeConsumer, interval_ms: int, guarantee: str) -> tuple[Runner,
+                                                                                                        NullProducer]:
+    s = settings.load(env={}, bootstrap_servers="unused:9092", app_id="poll-wait", commit_interval_ms=interval_ms,
+                      processing_guarantee=guarantee)
+    runner = Runner(copier, s)
+    runner.consumer = consumer
+    producer = NullProducer(clock)
+    runner.ctx = TaskContext(copier, s, runner.app_id, copier.input_topic, copier.output_topic, "cl", "dlq",
+                             consumer, lambda _: producer, Metrics())
+    runner.metrics = runner.ctx.metrics
+    for p in range(3):
+        task = task_module.PartitionTask(runner.ctx, p)
+        task.start(0)
+        runner.tasks[p] = task
+    return runner, producer
+
+
+@pytest.mark.parametrize("interval_ms", [20, 100, 1000])
+def test_each_transaction_commits_when_due_not_when_a_batch_wait_ends(clock: FakeClock, interval_ms: int) -> None:
+    # Sparse input: one record every 7 ms on partition 0 (far from a full batch), for about 3 commit intervals.
+    start = clock.now
+    times = [start + 0.007 * i for i in range(3 * interval_ms // 7)]
+    consumer = FakeConsumer(clock, [(at, message(0, i, round(at * 1000))) for i, at in enumerate(times)])
+    runner, producer = running_runner(clock, consumer, interval_ms, settings.EXACTLY_ONCE)
+    while clock.now < start + 3.5 * interval_ms / 1000:
+        runner._loop_once()
+    assert len(producer.commits) >= 2
+    opened = start  # a transaction opens with the first record after the previous commit
+    for committed in producer.commits:
+        assert committed == pytest.approx(opened + interval_ms / 1000, abs=1e-9), \
+            f"committed {1000 * (committed - opened):.1f} ms after its transaction opened, not {interval_ms}"
+        opened = min((at for at in times if at >= committed), default=float("inf"))
+    # The first record of each transaction waited exactly the commit interval for it.
+    first = runner.metrics.end_to_end_latency.labels("first")
+    assert first._sum.get() == pytest.approx(len(producer.commits) * interval_ms / 1000, abs=0.001)
+
+
+def test_no_wait_ever_passes_the_next_due_commit(clock: FakeClock) -> None:
+    # Records on every partition at random moments: whatever arrives, each wait ends by the earliest due commit.
+    rng = random.Random(11)
+    start = clock.now
+    times = sorted((start + rng.uniform(0, 1.0), p) for p in range(3) for _ in range(60))
+    offsets = dict.fromkeys(range(3), 0)
+    arrivals = []
+    for at, p in times:
+        arrivals.append((at, message(p, offsets[p], round(at * 1000))))
+        offsets[p] += 1
+    consumer = FakeConsumer(clock, arrivals)
+    runner, _ = running_runner(clock, consumer, 20, settings.AT_LEAST_ONCE)
+    checked = 0
+    while clock.now < start + 1.2:
+        deadlines = [d for t in runner.tasks.values() if (d := t.commit_deadline()) is not None]
+        waits_before = len(consumer.waits)
+        runner._loop_once()
+        for at, timeout in consumer.waits[waits_before:]:
+            if deadlines:
+                assert at + timeout <= min(deadlines) + 1e-9, "waited past a due commit"
+                checked += 1
+    assert checked > 10
+    assert {offsets.partition for _, committed in consumer.committed_offsets for offsets in committed} == {0, 1, 2}
+
+
+def test_real_clock_is_untouched_outside_the_fixture() -> None:
+    assert loop_module.time is real_time
