@@ -60,8 +60,9 @@ class AppDriver:
     def __init__(self, app: App, *, partitions: int = 1, wall_clock_ms: int = 0, auto_commit: bool = True,
                  **settings: Any) -> None:
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
+        # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
         self.settings = settings_module.load(env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name,
-                                                        **settings})
+                                                        "processing_backoff_ms": 0, **settings})
         self.input_topic, self.output_topic = app.input_topic, app.output_topic
         self.changelog_topic, self.dead_letter_topic = changelog_topic(app.name), dead_letter_topic(app.name)
         self.broker = MemoryBroker()
@@ -100,10 +101,20 @@ class AppDriver:
 
     # -- transactions and failures -------------------------------------------------------------------------------
     def commit(self) -> None:
-        """Commits every partition's open transaction (the driver does after each call unless auto_commit=False)."""
-        for task in self.tasks.values():
-            if task.phase is Phase.RUNNING:
-                self._guarded(task, task.commit)
+        """Commits every partition's open transaction (the driver does after each call unless auto_commit=False).
+        A commit that aborts (TEST_ABORT_EVERY) rewinds: the records are processed again and committed."""
+        for _ in range(MAX_TURNS):
+            rewound = []
+            for p, task in self.tasks.items():
+                if task.phase is Phase.RUNNING:
+                    self._guarded(task, task.commit)
+                    if task.phase is Phase.REWINDING or self.consumer.positions[p] < len(self._input(p)):
+                        rewound.append(p)
+            if not rewound:
+                return
+            for p in rewound:
+                self._pump(p)
+        raise RuntimeError(f"transactions still aborting after {MAX_TURNS} attempts")
 
     def crash(self, partition: int | None = None) -> None:
         """The process dies: open transactions are lost. A new owner fences, reads the committed offset and restores
@@ -215,11 +226,15 @@ class AppDriver:
         if p in self.consumer.paused:
             return []
         position = self.consumer.positions[p]
-        records = self.broker.records[(self.input_topic, p)][position:position + self.settings.poll_max_records]
+        records = self._input(p)[position:position + self.settings.poll_max_records]
         if records:
             self.consumer.positions[p] = records[-1].offset + 1
         return [Message(topic=self.input_topic, partition=p, offset=r.offset, key=r.key, value=r.value,
                         timestamp=(1, r.timestamp_ms), headers=list(r.headers) or None) for r in records]
+
+    def _input(self, p: int) -> list[KafkaRecord]:
+        """Input partition p (offsets are list indexes: nothing in it is ever aborted)."""
+        return self.broker.records[(self.input_topic, p)]
 
     def _guarded(self, task: PartitionTask, step: Callable, *args: Any) -> None:
         """As the runner's: an aborted transaction rewinds, a poison record with ON_POISON=stop stops p after
