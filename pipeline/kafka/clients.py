@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from pipeline.settings import Settings
+from pipeline.settings import CLASSIC, Settings
 
 
 def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> None:
@@ -23,21 +23,33 @@ def client_config(settings: Settings) -> dict:
 
 
 def consumer_config(settings: Settings, group_id: str) -> dict:
-    """The input consumer: read_committed, offsets committed only by the protocol, cooperative rebalancing."""
+    """The input consumer: read_committed, offsets committed only by the protocol, incremental rebalancing."""
     s = settings
     config = {
         **client_config(s),
         "group.id": group_id,
+        "group.protocol": s.group_protocol,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "session.timeout.ms": s.session_timeout_ms,
-        "heartbeat.interval.ms": s.heartbeat_interval_ms,
         "max.poll.interval.ms": s.max_poll_interval_ms,
+        # The broker answers a fetch as soon as fetch.min.bytes are there (1: librdkafka's default, set here because
+        # a larger value trades latency for fewer requests). fetch.wait.max.ms only bounds an empty fetch: how soon a
+        # partition just resumed or sought back (end of a restore, a rewind, a take-over) joins the next fetch.
+        "fetch.min.bytes": 1,
         "fetch.wait.max.ms": 50,
     }
+    if s.group_protocol == CLASSIC:  # the clients heartbeat and assign (cooperative: only moved partitions stop)
+        config |= {
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": s.session_timeout_ms,
+            "heartbeat.interval.ms": s.heartbeat_interval_ms,
+        }
+    # GROUP_PROTOCOL=consumer (KIP-848): the broker assigns, always incrementally (group.remote.assignor, by default
+    # the broker's first of group.consumer.assignors); session timeout and heartbeat interval are the group's (broker
+    # group.consumer.session.timeout.ms / group.consumer.heartbeat.interval.ms, or the group configs
+    # consumer.session.timeout.ms / consumer.heartbeat.interval.ms): librdkafka refuses the three on the client.
     if s.group_instance_id:
         config["group.instance.id"] = s.group_instance_id
     return config
@@ -49,7 +61,10 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict:
         **client_config(settings),
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": 5,
+        # at_least_once: an output is visible once it is sent, so linger.ms adds to its latency; under load batches
+        # still form behind the requests in flight. exactly_once: outputs become visible at the commit, which sends
+        # whatever lingers at once, so lingering costs no latency and makes fewer, larger requests.
+        "linger.ms": 5 if transactional_id is not None else 1,
         "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
         # Back-to-back transactions hit CONCURRENT_TRANSACTIONS while markers are written: retry soon.
         "retry.backoff.ms": 10,

@@ -1,0 +1,54 @@
+"""GROUP_PROTOCOL: classic (the clients assign and heartbeat) or consumer (KIP-848: the broker does). librdkafka
+refuses the classic protocol's client-side properties under `consumer`, so the input consumer must leave them out."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Consumer
+
+from pipeline.kafka.clients import consumer_config, producer_config
+from pipeline.settings import ConfigError, load
+
+CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms")
+
+
+def test_classic_is_the_default_and_keeps_the_client_side_group_settings() -> None:
+    s = load(env={"PIPELINE_SESSION_TIMEOUT_MS": "7000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "700"})
+    config = consumer_config(s, "group")
+    assert s.group_protocol == "classic" and config["group.protocol"] == "classic"
+    assert (config["partition.assignment.strategy"], config["session.timeout.ms"], config["heartbeat.interval.ms"]) \
+        == ("cooperative-sticky", 7000, 700)
+
+
+def test_consumer_leaves_out_what_librdkafka_refuses_and_librdkafka_accepts_the_rest() -> None:
+    s = load(env={"PIPELINE_GROUP_PROTOCOL": "consumer", "PIPELINE_GROUP_INSTANCE_ID": "pod-0"})
+    config = consumer_config(s, "group")
+    assert config["group.protocol"] == "consumer"
+    assert not set(CLASSIC_ONLY) & set(config)
+    assert (config["isolation.level"], config["enable.auto.commit"], config["group.instance.id"]) == (
+        "read_committed", False, "pod-0")
+    Consumer(config).close()  # librdkafka's own check: `session.timeout.ms` etc. would fail here (_INVALID_ARG)
+
+
+@pytest.mark.parametrize("extra", CLASSIC_ONLY)
+def test_librdkafka_refuses_each_classic_only_property_under_consumer(extra: str) -> None:
+    # Why consumer_config leaves them out (confluent-kafka 2.16.1 / librdkafka 2.16.0).
+    config = consumer_config(load(env={"PIPELINE_GROUP_PROTOCOL": "consumer"}), "group")
+    config[extra] = "cooperative-sticky" if extra == "partition.assignment.strategy" else 10_000
+    with pytest.raises(Exception, match="not supported"):
+        Consumer(config)
+
+
+def test_a_bad_group_protocol_or_one_passed_through_to_librdkafka_fails_naming_the_setting() -> None:
+    with pytest.raises(ConfigError, match="GROUP_PROTOCOL must be classic or consumer, not 'eager'"):
+        load(env={"PIPELINE_GROUP_PROTOCOL": "eager"})
+    with pytest.raises(ConfigError, match="PIPELINE_KAFKA_GROUP_PROTOCOL: set GROUP_PROTOCOL instead"):
+        load(env={"PIPELINE_KAFKA_GROUP_PROTOCOL": "consumer"})
+
+
+def test_only_the_transactional_producer_lingers() -> None:
+    # at_least_once outputs are visible once sent (linger adds to their latency); exactly_once ones at the commit,
+    # which sends what lingers at once.
+    s = load(env={})
+    assert producer_config(s, None)["linger.ms"] == 1
+    assert producer_config(s, "app.in.0")["linger.ms"] == 5
