@@ -18,6 +18,7 @@ compaction because the timers are part of the state (docs/guarantees.md: timers-
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Iterator
 
 import orjson
@@ -55,20 +56,27 @@ def on_timer(state: State, timer: Timer) -> Iterable[Output]:
     return (Output(key=account, value=value),)
 
 
-BASE_MS = 1_700_000_000_000  # a fixed start of event time: the same arguments give the same records
 STEP_MS = 20  # event time advances this much per record
 LATE_EVERY = 97  # about one record in LATE_EVERY arrives 13-30 s late (after its window closed)
 
 
-def generate(n: int, partitions: int, seed: int = 0, accounts: int = 50) -> Iterator[tuple[int, bytes, bytes, int]]:
-    """Record i: key "account-<k>", value {"id": i, "amount": <int>}, timestamp BASE_MS + i * STEP_MS, up to 1.5 s
-    earlier (out of order, within the grace), or every LATE_EVERY-th on average 13-30 s earlier (late)."""
+def generate(n: int, partitions: int, seed: int = 0, accounts: int = 50,
+             start_ms: int | None = None) -> Iterator[tuple[int, bytes, bytes, int]]:
+    """Record i: key "account-<k>", value {"id": i, "amount": <int>}, timestamp start_ms + i * STEP_MS, up to 1.5 s
+    earlier (out of order, within the grace), or every LATE_EVERY-th on average 13-30 s earlier (late).
+
+    start_ms (a window start) defaults to a recent one, so that the last record is stamped about now: the broker
+    deletes records older than the topic's retention.ms by their timestamps, fixed old ones would vanish. The same
+    arguments give the same records up to that shift of event time."""
+    if start_ms is None:
+        now = time.time_ns() // 1_000_000
+        start_ms = now - now % WINDOW_MS - (n * STEP_MS // WINDOW_MS + 1) * WINDOW_MS
     rng = random.Random(seed)
     for i in range(n):
         key = f"account-{rng.randrange(accounts)}".encode()
         value = orjson.dumps({"id": i, "amount": rng.randint(-100, 1000)})
         behind = rng.randint(13_000, 30_000) if rng.randrange(LATE_EVERY) == 0 else rng.randint(0, 1_500)
-        yield account_partition(key, partitions), key, value, BASE_MS + i * STEP_MS - behind
+        yield account_partition(key, partitions), key, value, start_ms + i * STEP_MS - behind
 
 
 app = App(
