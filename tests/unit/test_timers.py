@@ -254,3 +254,12 @@ def test_the_checker_places_wall_clock_firings_where_the_run_says_and_finds_a_se
                       run.dead_letters, run.changelog, run.committed)
     verdict = check(app, doubled)
     assert verdict.duplicates.count == 1 and "no such wall-clock timer is pending" in str(verdict.duplicates.samples)
+
+
+def test_the_postgresql_sink_refuses_an_app_with_timers_or_ttl() -> None:
+    from pipeline import settings as settings_module
+    from pipeline.postgres.runner import PgRunner
+
+    settings = settings_module.load(env={}, sink="postgres", postgres_dsn="postgresql://unused/db")
+    with pytest.raises(settings_module.ConfigError, match="Kafka-mode only"):
+        PgRunner(windowed, settings)
