@@ -103,6 +103,14 @@ transaction.state.log.min.isr=$MIN_ISR
 share.coordinator.state.topic.replication.factor=$REPLICATION
 share.coordinator.state.topic.min.isr=$MIN_ISR
 group.initial.rebalance.delay.ms=0
+# Both group protocols, said explicitly (Kafka 4's default): GROUP_PROTOCOL=classic or consumer (KIP-848).
+group.coordinator.rebalance.protocols=classic,consumer,streams
+# KIP-848 groups take their session timeout and heartbeat interval from the broker: here the pipeline's own defaults
+# (SESSION_TIMEOUT_MS, HEARTBEAT_INTERVAL_MS), and minimums low enough for a group config of 6 s / 0.5 s (fault tests).
+group.consumer.session.timeout.ms=10000
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=500
 # Abort a zombie's timed-out transaction within a second of its timeout instead of ten.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 EOF

@@ -30,7 +30,15 @@ from pipeline.app import App
 from pipeline.loading import load_app
 from pipeline.testing import checker, inputs
 from pipeline.testing.drain import Observer, observe
-from pipeline.testing.harness import FAST_FAILOVER, Fleet, Instance, kafka_env, wait_caught_up
+from pipeline.testing.harness import (
+    FAST_FAILOVER,
+    Fleet,
+    Instance,
+    group_protocol,
+    kafka_env,
+    set_group_failover,
+    wait_caught_up,
+)
 from pipeline.testing.oracle import Verdict, observer_subset_of_final
 
 ProducedRecord = tuple[int, bytes, bytes]
@@ -74,6 +82,8 @@ class FaultRun:
         env = {"PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic,
                "PIPELINE_OUTPUT_TOPIC": self.output_topic, **kafka_env(self.service_config), **self.env}
         if self.fleet is None:
+            if group_protocol(env) == "consumer":
+                set_group_failover(self.bootstrap, self.app_id, self.client_config)
             self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id, self.log_level)
         self.fleet.start(instances)
         if self.observer is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from pipeline.kafka.offsets import high_watermarks
 from pipeline.settings import KAFKA_ENV_PREFIX
@@ -29,6 +29,25 @@ FAST_FAILOVER = {
     "PIPELINE_TRANSACTION_TIMEOUT_MS": "10000",
     "PIPELINE_REQUEST_TIMEOUT_MS": "10000",
 }
+
+
+def group_protocol(env: Mapping[str, str]) -> str:
+    """The GROUP_PROTOCOL pipeline processes get: from their own env, else this process's (the fault suite runs once
+    per protocol with PIPELINE_GROUP_PROTOCOL=consumer set for pytest), else classic."""
+    return env.get("PIPELINE_GROUP_PROTOCOL") or os.environ.get("PIPELINE_GROUP_PROTOCOL") or "classic"
+
+
+def set_group_failover(bootstrap: str, group: str, config: Mapping[str, Any] | None = None,
+                       timeout_s: float = 10) -> None:
+    """GROUP_PROTOCOL=consumer (KIP-848): the session timeout and heartbeat interval are the group's, not the
+    client's, so FAST_FAILOVER's are set as group configs (the broker's group.consumer.min.* must allow them:
+    deploy/local/kafka.sh)."""
+    entries = [ConfigEntry(name, FAST_FAILOVER[setting], incremental_operation=AlterConfigOpType.SET)
+               for name, setting in (("consumer.session.timeout.ms", "PIPELINE_SESSION_TIMEOUT_MS"),
+                                     ("consumer.heartbeat.interval.ms", "PIPELINE_HEARTBEAT_INTERVAL_MS"))]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    admin = _admin(bootstrap, config)
+    admin.incremental_alter_configs([resource])[resource].result(timeout_s)
 
 
 def kafka_env(config: Mapping[str, Any]) -> dict[str, str]:
