@@ -65,6 +65,7 @@ class Output(NamedTuple):
 
 Process = Callable[[State, Record], Iterable[Output]]
 OnTimer = Callable[[State, Timer], Iterable[Output]]
+Migrate = Callable[[int, Any], Any]  # (the version a state value was written at, the value) -> the current value
 # (record count, partitions, seed) -> (partition, key bytes, value bytes[, timestamp ms]): sample input for
 # `pipeline chaos`. Without a timestamp the broker stamps the record when it arrives.
 Generate = Callable[[int, int, int], Iterable[tuple[int, bytes, bytes] | tuple[int, bytes, bytes, int]]]
@@ -89,19 +90,28 @@ class App:
     on_timer: OnTimer | None = None  # called for each due timer scheduled through state.timers
     state_ttl_ms: int | None = None  # keys not written for this long (on state_ttl_clock) are deleted
     state_ttl_clock: str = "stream"
+    state_version: int = 1  # the shape of the state values; raise it when it changes, with a migrate
+    migrate: Migrate | None = None  # (version the value was written at, value) -> the value at state_version
 
     def __post_init__(self) -> None:
         if self.state_ttl_clock not in CLOCKS:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
             raise ValueError(f"state_ttl_ms must be positive, not {self.state_ttl_ms}")
-        if self.timed and not self.stateful:
-            raise ValueError("timers and state TTL keep their bookkeeping in the state: a stateless App has neither")
+        if self.extended_state and not self.stateful:
+            raise ValueError("timers, state TTL and state versions live in the state: a stateless App has none")
+        if self.state_version < 1:
+            raise ValueError(f"state_version starts at 1, not {self.state_version}")
 
     @property
     def timed(self) -> bool:
-        """Whether this App uses timers or state TTL (its state is then a TimedState)."""
+        """Whether this App uses timers or state TTL."""
         return self.on_timer is not None or self.state_ttl_ms is not None
+
+    @property
+    def extended_state(self) -> bool:
+        """Whether its state is a TimedState (pipeline/state/timers.py): timers, TTL or a state version above 1."""
+        return self.timed or self.state_version > 1
 
     def decode(self, key: bytes | None, value: bytes | None, topic: str, partition: int, offset: int,
                timestamp_ms: int = 0, headers: Sequence[tuple[str, bytes]] | None = None) -> Record:

@@ -46,7 +46,7 @@ from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
-from pipeline.state.timers import TimedState, wall_clock_ms
+from pipeline.state.timers import new_state, restored_state, wall_clock_ms
 from pipeline.timers import TimerFiring
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class PartitionTask(Lifecycle):
         self.producer = ctx.make_producer(
             transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
         )
-        self.state = TimedState.of(ctx.app, ctx.wall_clock) if ctx.app.timed else PartitionState(ctx.app.state_serde)
+        self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
         self.next_offset: int | None = None  # next input offset to process
         self._in_transaction = False
@@ -134,9 +134,10 @@ class PartitionTask(Lifecycle):
     # -- 3. restored ---------------------------------------------------------------------------------------------------
     def restored(self, state: PartitionState, snapshot_base: Manifest | None, changelog_end: int | None) -> None:
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
-        started from (None: the whole changelog), `changelog_end` the changelog offset it covers up to."""
+        started from (None: the whole changelog), `changelog_end` the changelog offset it covers up to. Timers are
+        queued and older state versions migrated here; state of a newer version refuses (StateVersionError)."""
+        self.state = restored_state(self.ctx.app, state, f"p{self.partition}", self.ctx.wall_clock)
         self._transition(Phase.RUNNING)
-        self.state = state if self._timers is None else TimedState.of(self.ctx.app, self.ctx.wall_clock).adopt(state)
         self.snapshot_base, self.changelog_end = snapshot_base, changelog_end
 
     # -- 4. process ----------------------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ entry deleted), the state changes and outputs of its `on_timer`, and the offsets
     __eos.timer.wall/<key>       the same, on wall-clock time (ms since the epoch)
     __eos.ttl/<key>              b"<ms>": when <key> expires, App.state_ttl_ms after its last write
 
+The same class keeps state versions (pipeline/state/versions.py): values leave tagged with the App's state version
+and come in migrated. An App uses it when it has timers, TTL or a state version above 1 (`App.extended_state`).
+
 A timer is named by (clock, key): scheduling it again moves it, `cancel` deletes it. Due means due time <= now on
 its clock; due timers fire in order of due time, then reserved key (so by key; at the same time timers come before
 TTL expiries). Keys starting with "__eos." are reserved: the user cannot write them, and iterating the state does not
@@ -30,6 +33,7 @@ from typing import Any, NamedTuple
 from pipeline.app import CLOCKS, App, Timer
 from pipeline.serde import JSON, Serde
 from pipeline.state.store import PartitionState
+from pipeline.state.versions import VERSION_KEY, Migrate, current_value, refuse_newer, tag
 
 RESERVED = "__eos."
 STREAM_TIME_KEY = "__eos.stream_time"
@@ -49,14 +53,32 @@ class Due(NamedTuple):
     payload: bytes
 
 
+def new_state(app: App, wall_clock: Callable[[], int] = wall_clock_ms) -> PartitionState:
+    """A fresh state for one of app's partitions."""
+    return TimedState.of(app, wall_clock) if app.extended_state else PartitionState(app.state_serde)
+
+
+def restored_state(app: App, restored: PartitionState, where: str,
+                   wall_clock: Callable[[], int] = wall_clock_ms) -> PartitionState:
+    """The state a restore built, ready for app: timers queued, older values migrated; StateVersionError if a newer
+    state version wrote it."""
+    if not app.extended_state:
+        refuse_newer(restored._data, 1, where)
+        return restored
+    return TimedState.of(app, wall_clock).adopt(restored, where)
+
+
 class TimedState(PartitionState):
-    """A PartitionState that also holds timers, stream time and TTL deadlines (see the module's docstring)."""
+    """A PartitionState that also holds timers, stream time, TTL deadlines and its state version (see the module's
+    docstring)."""
 
     def __init__(self, serde: Serde = JSON, *, ttl_ms: int | None = None, ttl_clock: str = "stream",
-                 wall_clock: Callable[[], int] = wall_clock_ms) -> None:
+                 wall_clock: Callable[[], int] = wall_clock_ms, version: int = 1, migrate: Migrate | None = None
+                 ) -> None:
         super().__init__(serde)
         self.timers = Timers(self)
         self.ttl_ms, self.ttl_clock, self.wall_clock = ttl_ms, ttl_clock, wall_clock
+        self.version, self.migrate = version, migrate
         self.stream_time_ms: int | None = None
         self._queues: dict[str, list[tuple[int, str]]] = {clock: [] for clock in CLOCKS}
         self._queued: dict[str, int] = {}  # reserved key -> the earliest due time queued for it
@@ -64,14 +86,39 @@ class TimedState(PartitionState):
     @staticmethod
     def of(app: App, wall_clock: Callable[[], int] = wall_clock_ms) -> TimedState:
         cls = WallTtlState if app.state_ttl_ms is not None and app.state_ttl_clock == "wall" else TimedState
-        return cls(app.state_serde, ttl_ms=app.state_ttl_ms, ttl_clock=app.state_ttl_clock, wall_clock=wall_clock)
+        return cls(app.state_serde, ttl_ms=app.state_ttl_ms, ttl_clock=app.state_ttl_clock, wall_clock=wall_clock,
+                   version=app.state_version, migrate=app.migrate)
 
-    def adopt(self, restored: PartitionState) -> TimedState:
-        """Takes over the entries of a restored PartitionState (no copy) and queues its timers: one pass over the
-        keys."""
-        self._data = restored._data
+    def adopt(self, restored: PartitionState, where: str = "state") -> TimedState:
+        """Takes over the entries of a restored PartitionState (no copy), migrates values written at an older state
+        version and queues its timers: one pass over the keys. StateVersionError if a newer version wrote it."""
+        data = restored._data
+        refuse_newer(data, self.version, where)
+        if self.version > 1:
+            serde, version, migrate = self._serde, self.version, self.migrate
+            for key in [key for key in data if not key.startswith(RESERVED)]:
+                data[key] = current_value(data[key], version, serde, migrate, key)
+        self._data = data
         self._reindex()
         return self
+
+    # -- what leaves: tagged with the state version ------------------------------------------------------------
+    def changes(self) -> Iterator[tuple[str, bytes | None]]:
+        version = self.version
+        if version == 1:
+            yield from super().changes()
+            return
+        if self._data.get(VERSION_KEY) != b"%d" % version:  # the newest version that wrote to this state
+            self._remember(VERSION_KEY)
+            self._data[VERSION_KEY] = b"%d" % version
+        for key, value in super().changes():
+            yield key, value if value is None or key.startswith(RESERVED) else tag(version, value)
+
+    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+        version = self.version
+        if version == 1:
+            return super().encoded_items()
+        return ((key, value if key.startswith(RESERVED) else tag(version, value)) for key, value in self._data.items())
 
     # -- the mapping the user sees: reserved keys hidden, writes move the key's TTL deadline ----------------------
     def __setitem__(self, key: str, value: Any) -> None:
