@@ -57,9 +57,9 @@ class PgRunner(PollLoop):
     def __init__(self, app: App, settings: Settings) -> None:
         if settings.sink != "postgres":
             raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
-        if app.timed:  # its state rows have no place for timers yet (docs/guarantees.md: timers-exactly-once)
-            raise ConfigError(f"{app.name}: timers and state TTL (on_timer, state_ttl_ms) are Kafka-mode only; "
-                              "SINK=postgres cannot run this App")
+        if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
+            raise ConfigError(f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
+                              "state_version) are Kafka-mode only; SINK=postgres cannot run this App")
         super().__init__(settings)
         self.app = app
         self.app_id = settings.app_id or app.name

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from confluent_kafka import Message
@@ -115,6 +116,13 @@ class AppDriver:
             for p in rewound:
                 self._pump(p)
         raise RuntimeError(f"transactions still aborting after {MAX_TURNS} attempts")
+
+    def deploy(self, app: App) -> None:
+        """New code takes over every partition, as a deploy that stops the old processes hard: open transactions are
+        lost; the state is restored from the changelog (and migrated, for a new state version)."""
+        self.app = app
+        self._ctx = replace(self._ctx, app=app)
+        self.crash()
 
     def crash(self, partition: int | None = None) -> None:
         """The process dies: open transactions are lost. A new owner fences, reads the committed offset and restores

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pipeline.app import App, Output
 from pipeline.provenance import TimerSource, decode_timer
 from pipeline.state.store import PartitionState
-from pipeline.state.timers import TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
+from pipeline.state.timers import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
+from pipeline.state.versions import VERSION_KEY, StateVersionError, current_value, tag
 from pipeline.testing.oracle.records import KafkaRecord
 from pipeline.testing.oracle.verdict import Findings, Verdict
 
@@ -32,7 +33,7 @@ Encode = Callable[[Output], object]  # Output -> ExpectedOutput
 
 def new_state(app: App) -> PartitionState:
     """The reference's state of one partition: timed as the App's, with a wall clock that stands still."""
-    return TimedState.of(app, wall_clock=lambda: 0) if app.timed else PartitionState(app.state_serde)
+    return TimedState.of(app, wall_clock=lambda: 0) if app.extended_state else PartitionState(app.state_serde)
 
 
 def timer_name(firing: TimerSource) -> str:
@@ -128,10 +129,26 @@ def check_timers(by_firing: Mapping[TimerSource, list[KafkaRecord]], firings: Fi
 
 
 def comparable(app: App, entries: dict[str, bytes]) -> dict[str, bytes]:
-    """A state for comparison: pending wall-clock timers by payload only (their due times come from the clock)."""
-    if not app.timed:
+    """A state for comparison: values at the App's state version (older ones migrated, as a restore does), pending
+    wall-clock timers by payload only (their due times come from the clock), and without `__eos.state_version`
+    (written with the first commit of each process: bookkeeping the reference has no commits for)."""
+    if not app.extended_state:
         return entries
-    wall = TIMER_PREFIXES["wall"]
-    wall_ttl = TTL_PREFIX if app.state_ttl_clock == "wall" else None
-    return {key: (value.partition(b" ")[2] if key.startswith(wall) else value) for key, value in entries.items()
-            if not (wall_ttl and key.startswith(wall_ttl))}
+    wall, wall_ttl = TIMER_PREFIXES["wall"], TTL_PREFIX if app.state_ttl_clock == "wall" else None
+    found = {}
+    for key, value in entries.items():
+        if key == VERSION_KEY or (wall_ttl and key.startswith(wall_ttl)):
+            continue
+        if key.startswith(wall):
+            value = value.partition(b" ")[2]
+        elif app.state_version > 1 and not key.startswith(RESERVED):
+            value = _at_current_version(app, key, value)
+        found[key] = value
+    return found
+
+
+def _at_current_version(app: App, key: str, value: bytes) -> bytes:
+    try:
+        return tag(app.state_version, current_value(value, app.state_version, app.state_serde, app.migrate, key))
+    except StateVersionError:
+        return value  # newer than the App: left as it is, so the difference shows
