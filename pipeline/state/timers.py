@@ -241,16 +241,18 @@ class TimedState(PartitionState):
                 self._queue(entry, int(raw.partition(b" ")[0]), self._clock_of(entry))
 
     def _reindex(self) -> None:
+        """Stream time and the due queues from the entries: C-level passes over the keys, one heapify per clock."""
         data = self._data
         raw = data.get(STREAM_TIME_KEY)
         self.stream_time_ms = None if raw is None else int(raw)
         self._queues = {clock: [] for clock in CLOCKS}
         self._queued = {}
-        for entry in [key for key in data if key.startswith(RESERVED)]:
-            if entry != STREAM_TIME_KEY:
-                at = int(data[entry].partition(b" ")[0])
-                self._queues[self._clock_of(entry)].append((at, entry))
-                self._queued[entry] = at
+        reserved = [key for key in data if key.startswith(RESERVED)]
+        for prefix, clock in (*((p, c) for c, p in TIMER_PREFIXES.items()), (TTL_PREFIX, self.ttl_clock)):
+            entries = [key for key in reserved if key.startswith(prefix)]
+            # Not in _queued (it only saves duplicate queue items; pop_due skips them anyway): a restore stays quick.
+            due = [int(data[key].partition(b" ")[0]) for key in entries]
+            self._queues[clock].extend(zip(due, entries, strict=True))
         for queue in self._queues.values():
             heapify(queue)
 
