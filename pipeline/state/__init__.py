@@ -8,6 +8,9 @@
     snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
                         running pipeline (SNAPSHOT_ON_SHUTDOWN)
     restore.py          restore = newest complete snapshot + changelog since, stepped between polls (RestoreManager)
+    timers.py           TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
+                        travel with the state (changelog, snapshots, restore, compaction)
+    versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore
 """
 
 from pipeline.state.store import PartitionState
