@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from pipeline.kafka.offsets import high_watermarks
@@ -47,7 +47,13 @@ def set_group_failover(bootstrap: str, group: str, config: Mapping[str, Any] | N
                                      ("consumer.heartbeat.interval.ms", "PIPELINE_HEARTBEAT_INTERVAL_MS"))]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
     admin = _admin(bootstrap, config)
-    admin.incremental_alter_configs([resource])[resource].result(timeout_s)
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(timeout_s)
+    except KafkaException as e:
+        raise RuntimeError(f"GROUP_PROTOCOL=consumer: group {group} cannot fail over within seconds ({e.args[0]}); "
+                           "the broker needs group.consumer.min.session.timeout.ms <= 6000 and "
+                           "group.consumer.min.heartbeat.interval.ms <= 500 (deploy/local/kafka.sh sets both: "
+                           "restart a broker started before)") from e
 
 
 def kafka_env(config: Mapping[str, Any]) -> dict[str, str]:
