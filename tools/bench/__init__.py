@@ -1,2 +1,3 @@
 """Benchmarks (not installed): `python -m tools.bench` (throughput, `--overhead`), `python -m tools.bench.postgres`,
-`python -m tools.bench.snapshots`, `python -m tools.bench.peers`. Commands and results: BENCHMARKS.md."""
+`python -m tools.bench.snapshots`, `python -m tools.bench.peers`,
+`python -m tools.bench.latency` (end-to-end latency at a paced load). Commands and results: BENCHMARKS.md."""
