@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from pipeline.lifecycle import Lifecycle, Phase
 from pipeline.metrics import HealthServer, Metrics
-from pipeline.settings import Settings
+from pipeline.settings import CONSUMER, Settings
 
 log = logging.getLogger(__name__)
 # Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
@@ -49,6 +49,9 @@ class PollLoop:
 
     def run(self) -> None:
         self.open()
+        if self.settings.group_protocol == CONSUMER:
+            log.info("GROUP_PROTOCOL=consumer (KIP-848): the broker assigns partitions; session time-out and heartbeat "
+                     "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)")
         port = self.settings.metrics_port
         health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
         self.consumer.subscribe([self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke,
@@ -107,6 +110,17 @@ class PollLoop:
         deadlines = [deadline for owned in self._owned_partitions().values()
                      if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None]
         return min(deadlines, default=None)
+
+    def _to_commit(self, now: float) -> list[int]:
+        """The partitions to commit now: once one partition's transaction is due, every open one commits with it
+        (in parallel). The loop then pauses once per commit interval instead of once per partition, and the
+        partitions stay in step (as Kafka Streams commits all its tasks together); each still commits within
+        COMMIT_INTERVAL_MS."""
+        due = self._next_commit_deadline()
+        if due is None or now < due:
+            return []
+        return [p for p, owned in self._owned_partitions().items()
+                if owned.phase is Phase.RUNNING and owned.commit_deadline() is not None]
 
     def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
         """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""

@@ -147,8 +147,7 @@ class Runner(PollLoop):
                 self._guarded(task, task.tick, now_ms)
 
     def _commit_due(self) -> None:
-        now = time.monotonic()
-        due = [t for t in self.tasks.values() if t.phase is Phase.RUNNING and t.commit_due(now)]
+        due = [self.tasks[p] for p in self._to_commit(time.monotonic())]
         if len(due) == 1:
             self._guarded(due[0], due[0].commit)
         elif due:  # each partition has its own producer; commits wait on the network and release the GIL

@@ -132,8 +132,7 @@ class PgRunner(PollLoop):
                     self._poisoned(p, e)
 
     def _commit_due(self) -> None:
-        now = time.monotonic()
-        due = [p for p, w in self.workers.items() if w.phase is Phase.RUNNING and w.commit_due(now)]
+        due = self._to_commit(time.monotonic())
         # In parallel: one connection per partition; psycopg waits on the network without the GIL.
         results = [self._try_commit(due[0])] if len(due) == 1 else list(self._threads.map(self._try_commit, due))
         for p, error in zip(due, results, strict=True):

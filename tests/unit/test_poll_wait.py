@@ -268,3 +268,16 @@ def test_no_wait_ever_passes_the_next_due_commit(clock: FakeClock) -> None:
 
 def test_real_clock_is_untouched_outside_the_fixture() -> None:
     assert loop_module.time is real_time
+
+
+def test_when_one_transaction_is_due_every_open_one_commits_with_it(clock: FakeClock) -> None:
+    # Transactions opened 0, 30 and 60 ms in: all three commit at 100 ms, in one pause of the loop, instead of
+    # three pauses 30 ms apart; none is ever later than its own deadline.
+    start = clock.now
+    consumer = FakeConsumer(clock, [(start + 0.03 * p, message(p, 0, round((start + 0.03 * p) * 1000)))
+                                    for p in range(3)])
+    runner, producer = running_runner(clock, consumer, 100, settings.EXACTLY_ONCE)
+    while clock.now < start + 0.15:
+        runner._loop_once()
+    assert producer.commits == [pytest.approx(start + 0.1, abs=1e-9)] * 3
+    assert runner.metrics.transactions.labels("2", "committed")._value.get() == 1
