@@ -16,6 +16,8 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS base
+# Marks every image and build stage of this project (deploy/image/build.sh prunes its own untagged ones by it).
+LABEL org.opencontainers.image.title="eos-pipeline"
 # A virtualenv: Debian's own python3 refuses system-wide pip installs (PEP 668); the slim image's python is fine
 # with it, and the same layout everywhere keeps `pipeline`, `snapshots` and `spark-submit` on the PATH.
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -62,11 +64,12 @@ COPY pyproject.toml /src/
 # hadolint ignore=DL3013
 RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
  && pip install "/src[spark]" && pip uninstall -q -y eos-pipeline
-COPY --from=source /src /src
-RUN pip install --no-deps /src && rm -rf /src
 COPY --from=spark-jars /opt/spark-kafka /opt/spark-kafka
 # snapshots/spark_session.py passes this to spark.jars, which accepts globs.
 ENV SPARK_KAFKA_JARS=/opt/spark-kafka/*.jar
+# The code last: a change to it rebuilds only these two steps.
+COPY --from=source /src /src
+RUN pip install --no-deps /src && rm -rf /src
 USER 10001:10001
 WORKDIR /home/pipeline
 CMD ["snapshots", "--help"]

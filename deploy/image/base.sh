@@ -93,11 +93,14 @@ build() {
     --customize-hook='rm -f "$1/etc/resolv.conf" "$1/etc/hostname"; rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
     "$SUITE" "$work/rootfs.tar" "${sources[@]}" </dev/null >"$work/mmdebstrap.log" 2>&1 \
     || { tail -n 30 "$work/mmdebstrap.log" >&2; die "mmdebstrap failed (is Debian's archive reachable?)"; }
-  local changes=()
+  local changes=() previous
   mapfile -t changes < <(pip_env_changes)
+  previous="$(podman image inspect --format '{{.Id}}' "$BASE_IMAGE" 2>/dev/null || true)"
   podman import -q --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' "${changes[@]}" "$work/rootfs.tar" "$BASE_IMAGE" \
     >/dev/null \
     || die "podman import failed"
+  # The image replaced by --force: untagged now, and a full copy with vfs.
+  [[ -z "$previous" ]] || podman image rm "$previous" >/dev/null 2>&1 || true
   info "$BASE_IMAGE built in $((SECONDS - t0))s ($(podman image inspect --format '{{.Size}}' "$BASE_IMAGE") bytes)"
 }
 

@@ -15,6 +15,8 @@ source "$HERE/../local/common.sh"
 export EOS_BASE_IMAGE="${EOS_BASE_IMAGE:-localhost/eos-pipeline-base:bookworm}"
 SERVICE_IMAGE="${EOS_IMAGE:-localhost/eos-pipeline:local}"
 COMPACTION_IMAGE="${EOS_COMPACTION_IMAGE:-localhost/eos-pipeline-compaction:local}"
+JARS_IMAGE="${COMPACTION_IMAGE%:*}-spark-jars:${COMPACTION_IMAGE##*:}"
+PROJECT_LABEL="org.opencontainers.image.title=eos-pipeline"  # set by the Dockerfile's first stage
 
 # Everything the Dockerfile reads (its context is cut down to these by .dockerignore), the base image and the target.
 inputs_digest() {
@@ -27,6 +29,14 @@ inputs_digest() {
   } | sha256sum | cut -c1-32
 }
 
+podman_build() {
+  local target="$1" tag="$2"
+  shift 2
+  # --network host: RUN steps reach the registries like the host does, without a bridge network (CNI, iptables).
+  podman build --network host --pull=never --build-arg BASE_IMAGE="$EOS_BASE_IMAGE" --target "$target" -t "$tag" "$@" \
+    -f "$REPO_ROOT/Dockerfile" "$REPO_ROOT" >&2 || die "podman build of $tag (--target $target) failed"
+}
+
 build_image() {
   local target="$1" tag="$2" t0=$SECONDS digest
   digest="$(inputs_digest "$target")"
@@ -35,19 +45,20 @@ build_image() {
     info "$tag is up to date (inputs $digest)"
     return 0
   fi
-  local previous
-  previous="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
   info "building $tag (Dockerfile --target $target, BASE_IMAGE=$EOS_BASE_IMAGE)"
-  # --network host: RUN steps reach the registries like the host does, without a bridge network (CNI, iptables).
-  podman build --network host --pull=never --build-arg BASE_IMAGE="$EOS_BASE_IMAGE" --target "$target" \
-    --label "eos.inputs=$digest" -t "$tag" -f "$REPO_ROOT/Dockerfile" "$REPO_ROOT" >&2 \
-    || die "podman build of $tag failed"
-  # The image this one replaces is untagged now; with vfs it holds a full copy of its file system: remove it (its
-  # cached parent layers stay for the next build).
-  if [[ -n "$previous" && "$previous" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]]; then
-    podman image rm "$previous" >/dev/null 2>&1 || true
+  if [[ "$target" == compaction ]]; then
+    # Tagged so that the pruning below keeps it: the compaction image copies the connector from this stage instead
+    # of building on it, so nothing else would keep its cache alive.
+    podman_build spark-jars "$JARS_IMAGE"
   fi
+  podman_build "$target" "$tag" --label "eos.inputs=$digest"
   info "$tag built in $((SECONDS - t0))s, $(podman image inspect --format '{{.Size}}' "$tag" | numfmt --to=si)B"
+}
+
+# Untagged images of this project's builds: the images a build replaced and the cache of inputs that changed. With
+# vfs each holds full copies of its file system (gigabytes per rebuild); the cache of the current images stays.
+prune() {
+  podman image prune --force --filter "label=$PROJECT_LABEL" >/dev/null || info "podman image prune failed; ignored"
 }
 
 "$HERE/engine.sh" setup
@@ -63,3 +74,4 @@ for target in "${targets[@]}"; do
     *) die "unknown image '$target' (service or compaction)" ;;
   esac
 done
+prune
