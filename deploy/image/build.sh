@@ -33,7 +33,7 @@ podman_build() {
   local target="$1" tag="$2"
   shift 2
   # --network host: RUN steps reach the registries like the host does, without a bridge network (CNI, iptables).
-  podman build --network host --pull=never --build-arg BASE_IMAGE="$EOS_BASE_IMAGE" --target "$target" -t "$tag" "$@" \
+  podman build --network host --pull="$PULL" --build-arg BASE_IMAGE="$EOS_BASE_IMAGE" --target "$target" -t "$tag" "$@" \
     -f "$REPO_ROOT/Dockerfile" "$REPO_ROOT" >&2 || die "podman build of $tag (--target $target) failed"
 }
 
@@ -62,8 +62,10 @@ prune() {
 }
 
 "$HERE/engine.sh" setup
+PULL=missing  # a registry's base image is pulled once; the local one never is (no registry to ask)
 if [[ "$EOS_BASE_IMAGE" == localhost/eos-pipeline-base:* ]]; then
   "$HERE/base.sh"
+  PULL=never
 fi
 targets=("$@")
 ((${#targets[@]})) || targets=(service compaction)
