@@ -339,6 +339,11 @@ class PartitionTask(Lifecycle):
         self._transition(Phase.REWINDING)
         self.try_seek_back()
 
+    def seek_to_committed(self) -> None:
+        """Puts the input position at the committed offset; until the seek succeeds p is REWINDING (retried)."""
+        self._transition(Phase.REWINDING)
+        self.try_seek_back()
+
     def try_seek_back(self) -> bool:
         offset = OFFSET_BEGINNING if self.committed_offset is None else self.committed_offset
         try:

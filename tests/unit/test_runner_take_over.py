@@ -71,3 +71,33 @@ def test_a_stateful_partition_stays_paused_until_restored_and_a_re_take_over_res
     consumer.paused = {2}  # still assigned, paused by the drop
     runner._take_over([2], reassign=True)
     assert consumer.paused == set()
+
+
+class SeekRecordingConsumer(RecordingConsumer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int, int | None]] = []
+
+    def seek(self, tp) -> None:
+        self.calls.append(("seek", tp.partition, tp.offset))
+
+    def resume(self, tps) -> None:
+        super().resume(tps)
+        self.calls += [("resume", tp.partition, None) for tp in tps]
+
+
+def test_a_finished_restore_puts_the_position_at_the_committed_offset_before_resuming() -> None:
+    """Whatever was fetched (and dropped) while p restored must be fetched again: resuming from the fetched position
+    would skip it. (docs/guarantees.md: rewind-after-abort)"""
+    consumer = SeekRecordingConsumer()
+    runner = runner_for(totals, consumer)
+    runner._on_assign(consumer, [TopicPartition(totals.input_topic, 0)])
+    consumer.calls.clear()
+
+    class Finished:
+        partition, state, snapshot, end = 0, runner.tasks[0].state, None, 0
+        seconds, records, snapshot_entries = 0.1, 0, 0
+
+    runner._restored(Finished())
+    assert consumer.calls == [("seek", 0, 10), ("resume", 0, None)]
+    assert runner.tasks[0].phase is Phase.RUNNING
