@@ -7,8 +7,9 @@ cell's rate, each value starting with its wall-clock produce time (8 bytes, then
 reads the output with a read_committed consumer and takes `receive time - produce time` for every record produced
 after the warm-up. Producer, pipeline and reader are three processes, so no GIL is shared between them.
 
-The load is a fraction of the maximum throughput, measured first for each guarantee and commit interval: a backlog
-of records is written before the pipeline starts and the output rate is taken between 10 % and 90 % of it.
+The load is a fraction of the maximum throughput, measured first for each guarantee and commit interval in the same
+set-up: the producer writes as fast as it can while the pipeline and the reader run, and the output rate is taken
+between 10 % and 90 % of the records.
 
     python -m tools.bench.latency                                  # the whole matrix (about 20 minutes)
     python -m tools.bench.latency --only eos@100,alo@100 --loads 50 --seconds 20
@@ -33,10 +34,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +55,7 @@ STAMP = struct.Struct(">d")  # wall-clock seconds at produce(), at the start of 
 GUARANTEES = {"eos": "exactly_once", "alo": "at_least_once"}
 READY_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 20.0
-MAX_RECORDS = 300_000  # backlog for measuring the maximum throughput
+MAX_RECORDS = 600_000  # produced as fast as possible to measure the maximum throughput
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Result:
     latencies_ms: list[float] = field(default_factory=list)
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and at the end
     error: str = ""
-    metric: str = "-"  # the pipeline's own pipeline_end_to_end_latency_seconds (first record of each transaction)
+    metric: str = "-"  # the pipeline's own pipeline_end_to_end_latency_seconds{record="first"} in the window
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies_ms:
@@ -128,6 +130,23 @@ def start_producer(bootstrap: str, topic: str, rate: float, seconds: float,
     return process, done
 
 
+@dataclass(frozen=True)
+class Histogram:
+    buckets: Mapping[float, float]  # upper bound (s) -> cumulative count
+    total: float
+    count: float
+
+    def since(self, earlier: Histogram | None) -> str:
+        """`mean / p99 ms` of what was observed after `earlier` (p99: the upper bound of its bucket)."""
+        before = earlier or Histogram({}, 0.0, 0.0)
+        count = self.count - before.count
+        if count <= 0:
+            return "-"
+        cumulative = sorted((le, n - before.buckets.get(le, 0.0)) for le, n in self.buckets.items())
+        p99 = next(le for le, n in cumulative if n >= 0.99 * count)
+        return f"{1000 * (self.total - before.total) / count:.0f} / {1000 * p99:.0f}"
+
+
 @dataclass
 class Pipeline:
     """One `pipeline run` process of the copier, importing `pipeline` from a code tree."""
@@ -153,29 +172,27 @@ class Pipeline:
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return cls(process, log_path, port)
 
-    def end_to_end_metric(self) -> str:
-        """`mean / p99 ms` of the first record of each transaction, from the pipeline's own histogram (the p99 is the
-        upper bound of its bucket); '-' when the code tree has no such metric."""
+    def end_to_end_histogram(self) -> Histogram | None:
+        """The pipeline's own pipeline_end_to_end_latency_seconds{record="first"} now: None when the code tree has
+        no such metric."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
                 text = response.read().decode()
         except OSError:
-            return "-"
-        buckets, total, count = [], 0.0, 0.0
+            return None
+        buckets: dict[float, float] = {}
+        total = count = 0.0
         for line in text.splitlines():
             if not line.startswith("pipeline_end_to_end_latency_seconds_") or 'record="first"' not in line:
                 continue
             value = float(line.rsplit(" ", 1)[1])
             if "_bucket{" in line:
-                buckets.append((float(re.search(r'le="([^"]+)"', line).group(1)), value))
+                buckets[float(re.search(r'le="([^"]+)"', line).group(1))] = value
             elif "_sum{" in line:
                 total = value
             elif "_count{" in line:
                 count = value
-        if not count:
-            return "-"
-        p99 = next(le for le, cumulative in sorted(buckets) if cumulative >= 0.99 * count)
-        return f"{1000 * total / count:.0f} / {1000 * p99:.0f}"
+        return Histogram(buckets, total, count) if buckets else None
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -233,21 +250,23 @@ class Bench:
             cleanup(self.bootstrap, app_id)
 
     def max_rate(self, tree: Path, tree_name: str, cell: Cell, records: int = MAX_RECORDS) -> float:
-        """Records/s of the pipeline working off a backlog, between 10 % and 90 % of it."""
+        """Records/s out of the pipeline while the producer writes `records` as fast as it can, between 10 % and 90 %
+        of them: the most this machine carries with producer, pipeline and reader all running (a backlog written
+        beforehand gives a higher figure that the paced runs could not reach on the same cores)."""
         with self.topics(tree_name, cell) as (app_id, in_topic, out_topic):
-            producer, done = start_producer(self.bootstrap, in_topic, 0, records)
-            done.get(timeout=120)  # the backlog is written before the pipeline starts
-            producer.join(10)
             reader = Reader(self.bootstrap, out_topic)
             pipeline = Pipeline.start(tree, self.bootstrap, app_id, (in_topic, out_topic), cell, self.extra_env,
                                       self.log_dir)
             try:
+                self._wait_ready(pipeline, reader, in_topic)
+                producer, _ = start_producer(self.bootstrap, in_topic, 0, records)
                 seen, marks, deadline = 0, {}, time.monotonic() + READY_TIMEOUT_S + records / 5_000
                 while seen < records and time.monotonic() < deadline:
                     seen += sum(1 for _ in reader.read(0.5))
                     for fraction in (0.1, 0.9):
                         if seen >= fraction * records and fraction not in marks:
                             marks[fraction] = (time.monotonic(), seen)
+                producer.join(10)
                 if len(marks) < 2:
                     raise RuntimeError(f"max rate: only {seen}/{records} outputs\n{pipeline.tail()}")
                 (t0, n0), (t1, n1) = marks[0.1], marks[0.9]
@@ -267,8 +286,10 @@ class Bench:
                 self._wait_ready(pipeline, reader, in_topic)
                 window_start = time.time() + warmup_s  # the producer's start-up counts as warm-up
                 producer, done = start_producer(self.bootstrap, in_topic, rate, warmup_s + seconds, window_start)
+                at_start = _after(window_start, pipeline.end_to_end_histogram)
                 result.produced, result.latencies_ms = _measure(reader, producer, done, window_start)
-                result.metric = pipeline.end_to_end_metric()
+                at_end = pipeline.end_to_end_histogram()
+                result.metric = at_end.since(at_start()) if at_end else "-"
             except RuntimeError as e:
                 result.error = str(e)
             finally:
@@ -305,6 +326,19 @@ class Bench:
             if pipeline.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"pipeline not ready (exit {pipeline.process.poll()}):\n{pipeline.tail()}")
             seen += sum(1 for _ in reader.read(0.2))
+
+
+def _after(moment: float, probe: Callable[[], Histogram | None]) -> Callable[[], Histogram | None]:
+    """probe() taken once `moment` (wall clock) has passed, on a thread: the reader must not stop meanwhile."""
+    taken: list[Histogram | None] = []
+    thread = threading.Thread(target=lambda: (time.sleep(max(0.0, moment - time.time())), taken.append(probe())),
+                              daemon=True)
+    thread.start()
+
+    def result() -> Histogram | None:
+        thread.join()
+        return taken[0] if taken else None
+    return result
 
 
 def _measure(reader: Reader, producer: multiprocessing.Process, done: multiprocessing.Queue,
