@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from pipeline.kafka.offsets import high_watermarks
@@ -179,11 +179,24 @@ def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, time
         time.sleep(0.25)
 
 
+COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                      KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
 def group_owners(bootstrap: str, group: str, timeout_s: float = 10,
                  config: Mapping[str, Any] | None = None) -> dict[str, list[int]]:
     """client.id of each group member (the instance name) -> the input partitions it owns now."""
     admin = _admin(bootstrap, config)  # kept in a variable: a client collected before its answer never answers
-    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+            break
+        except KafkaException as e:  # NOT_COORDINATOR on a fresh broker (seen with KIP-848's ConsumerGroupDescribe)
+            moving = e.args[0].code() in COORDINATOR_MOVING or e.args[0].retriable()
+            if not moving or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     return {
         member.client_id: sorted(tp.partition for tp in member.assignment.topic_partitions)
         for member in description.members
