@@ -29,10 +29,12 @@ class RestoreBeforeFenceRunner(Runner):
         for task in tasks:
             task.start(committed[task.partition])
             self.restores.start(task.partition, task.committed_offset)
-            restore = self.restores.running()[task.partition]
-            while not restore.step(1.0):
-                pass
-            self.restores.forget(task.partition)
+            # Stepped through the manager as the real runner does: right after the topics are created the start
+            # may be deferred (no leader yet) and retried a second later, so there is no running restore to step.
+            finished: list = []
+            while not finished:
+                finished = [r for r in self.restores.step() if r.partition == task.partition]
+            restore = finished[0]
             task.restored(restore.state, restore.snapshot, restore.end)
         self._fence_all(tasks)
         self.consumer.incremental_assign([TopicPartition(self.input_topic, p, committed[p] or 0) for p in partitions])
