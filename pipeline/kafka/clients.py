@@ -61,10 +61,11 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict:
         **client_config(settings),
         "enable.idempotence": True,
         "acks": "all",
-        # at_least_once: an output is visible once it is sent, so linger.ms adds to its latency; under load batches
-        # still form behind the requests in flight. exactly_once: outputs become visible at the commit, which sends
-        # whatever lingers at once, so lingering costs no latency and makes fewer, larger requests.
-        "linger.ms": 5 if transactional_id is not None else 1,
+        # exactly_once: outputs become visible at the commit, which sends whatever lingers at once (commit 1-1.5 ms
+        # with 5 or 0), so lingering costs no latency and makes fewer, larger requests. at_least_once: an output is
+        # visible once sent, so linger.ms adds up to 5 ms; 1 ms was tried and measured worse on 2 shared cores (3-5x
+        # the produce requests: p50 1.0-1.6 s vs 0.65-1.3 s at 61k rec/s, p99 +100 ms at 12k rec/s; BENCHMARKS.md).
+        "linger.ms": 5,
         "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
         # Back-to-back transactions hit CONCURRENT_TRANSACTIONS while markers are written: retry soon.
         "retry.backoff.ms": 10,
