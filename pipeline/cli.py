@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 from pipeline.loading import AppPathError, load_app
 from pipeline.settings import ConfigError, Settings
@@ -93,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # A SIGTERM while starting (imports, the connection check) is a clean stop too: nothing is owned yet, so there is
+    # nothing to commit. Recorded from here on, acted on before the runner starts; the runner then installs its own.
+    stop_requested = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop_requested.set())
     app = load_app(args.app)  # first: a wrong MODULE:ATTR is reported before anything else is imported or read
 
     from pipeline import settings as settings_module
@@ -118,6 +125,8 @@ def _run(args: argparse.Namespace) -> int:
 
         runner = Runner(app, settings)
     runner.install_signal_handlers()
+    if stop_requested.is_set():
+        return 0
     runner.run()
     return 0
 
