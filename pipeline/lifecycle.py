@@ -36,7 +36,8 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.RESTORING: frozenset({Phase.RUNNING, Phase.CLOSED}),
     Phase.RUNNING: frozenset({Phase.REWINDING, Phase.STOPPED, Phase.DROPPED, Phase.CLOSED}),
     # A seek that is still pending when the poison record's stop comes in: stopped all the same.
-    Phase.REWINDING: frozenset({Phase.RUNNING, Phase.STOPPED, Phase.CLOSED}),
+    # Dropped while a seek is pending: its producer broke under another partition (PRODUCERS=per_process).
+    Phase.REWINDING: frozenset({Phase.RUNNING, Phase.STOPPED, Phase.DROPPED, Phase.CLOSED}),
     Phase.STOPPED: frozenset({Phase.CLOSED}),
     Phase.DROPPED: frozenset({Phase.CLOSED}),
     Phase.CLOSED: frozenset(),

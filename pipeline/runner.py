@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,11 +41,12 @@ from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topi
 from pipeline.lifecycle import Phase
 from pipeline.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, FatalRunnerError, PollLoop
 from pipeline.processing import PoisonRecordStop
-from pipeline.settings import Settings
+from pipeline.settings import PER_PROCESS, Settings
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.restore import ChangelogRestore, RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
-from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted, transactional_id
+from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
+from pipeline.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ class Runner(PollLoop):
                                        self._make_restore_consumer, lambda: AdminClient(client_config(settings)),
                                        self.admin)
         self.ctx: TaskContext | None = None
+        self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
+        self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
 
     # -- clients -----------------------------------------------------------------------------------------------------
@@ -97,9 +101,20 @@ class Runner(PollLoop):
                       replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
         check_service(self.admin, names, s, stateful=self.app.stateful, phase=AFTER_TOPICS)
         self.consumer = Consumer(consumer_config(s, self.app_id))
+        per_process = s.producers == PER_PROCESS
         self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
                                self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
-                               self._abort_hook)
+                               self._abort_hook, shared_transaction=self._process_transaction if per_process else None)
+        if per_process:  # fenced once, at start, before any partition is assigned (docs/guarantees.md: fence-first)
+            self._fence_transactions([self._process_transaction()])
+
+    def _process_transaction(self) -> Transaction:
+        """PRODUCERS=per_process: the process's producer, replaced (same transactional.id) once it is broken."""
+        if self._process_txn is None or self._process_txn.broken:
+            txn_id = self._process_txn_id if self.settings.exactly_once else None
+            self._process_txn = Transaction(self._make_producer(txn_id), self.settings, self._process_txn_id,
+                                            self._abort_hook)
+        return self._process_txn
 
     def run(self) -> None:
         s = self.settings
@@ -147,10 +162,12 @@ class Runner(PollLoop):
                 self._guarded(task, task.tick, now_ms)
 
     def _commit_due(self) -> None:
-        due = [self.tasks[p] for p in self._to_commit(time.monotonic())]
+        """One commit per transaction due: per partition, or one for the whole process (PRODUCERS=per_process)."""
+        due = list({id(task.txn): task for p in self._to_commit(time.monotonic())
+                    if (task := self.tasks[p]).txn.open}.values())
         if len(due) == 1:
             self._guarded(due[0], due[0].commit)
-        elif due:  # each partition has its own producer; commits wait on the network and release the GIL
+        elif due:  # a producer per partition: commits wait on the network and release the GIL
             list(self._commit_pool.map(lambda t: self._guarded(t, t.commit), due))
 
     def _guarded(self, task: PartitionTask, step: Callable, *args) -> None:
@@ -173,11 +190,16 @@ class Runner(PollLoop):
                 self._stop_partition(task, e)
 
     def _drop(self, task: PartitionTask, reason: str) -> None:
-        log.warning("p%d: dropped without committing: %s", task.partition, reason)
-        task.drop(reason)
-        self.metrics.fenced.inc()
-        self._pause(task.partition)
-        self._dropped_at[task.partition] = time.monotonic()
+        """Drops the task, and every task whose work went through the same broken producer (PRODUCERS=per_process:
+        all the running ones); each is taken over again after REFENCE_AFTER_S, with a new producer."""
+        sharing = [t for t in self.tasks.values() if t is not task and t.txn is task.txn and t.txn.broken
+                   and t.phase in (Phase.RUNNING, Phase.REWINDING)]
+        for victim in [task, *sharing]:
+            log.warning("p%d: dropped without committing: %s", victim.partition, reason)
+            victim.drop(reason)
+            self.metrics.fenced.inc()
+            self._pause(victim.partition)
+            self._dropped_at[victim.partition] = time.monotonic()
 
     def _retry_rewinds_and_drops(self) -> None:
         for task in list(self.tasks.values()):
@@ -222,18 +244,26 @@ class Runner(PollLoop):
         log.info("assigned %s (committed offsets %s)", partitions, committed)
 
     def _fence_all(self, tasks: list[PartitionTask]) -> None:
-        if not tasks:
+        self._fence_transactions(list({id(t.txn): t.txn for t in tasks}.values()))
+
+    def _fence_transactions(self, txns: list[Transaction]) -> None:
+        if not txns:
             return
-        with ThreadPoolExecutor(len(tasks)) as pool:
-            results = list(pool.map(_fence_with_retries, tasks, [self.settings] * len(tasks)))
-        failed = [f"p{t.partition}: {r}" for t, r in zip(tasks, results, strict=True) if r]
+        with ThreadPoolExecutor(len(txns)) as pool:
+            results = list(pool.map(_fence_with_retries, txns, [self.settings] * len(txns)))
+        failed = [f"{t.name}: {r}" for t, r in zip(txns, results, strict=True) if r]
         if failed:
             raise FatalRunnerError("cannot fence " + "; ".join(failed) + " (is the transaction coordinator up?)")
 
     def _committed_offsets(self, partitions: list[int]) -> dict[int, int | None]:
-        """The group's committed offsets, retried while the coordinator moves (bounded: 3 request time-outs)."""
+        """The group's committed offsets, retried while the coordinator moves (bounded: 3 request time-outs). They are
+        read stable (read_committed makes librdkafka ask with require_stable): while a previous owner's transaction
+        holding offsets of p is open, the broker answers UNSTABLE_OFFSET_COMMIT and librdkafka asks again, so the
+        wait lasts until that transaction ends, at most TRANSACTION_TIMEOUT_MS (docs/guarantees.md: zombies-stay-out).
+        """
         tps = [TopicPartition(self.input_topic, p) for p in partitions]
-        deadline = time.monotonic() + 3 * self._timeout_s
+        deadline = time.monotonic() + max(3 * self._timeout_s,
+                                          self.settings.transaction_timeout_ms / 1000 + self._timeout_s)
         while True:
             try:
                 result = self.consumer.committed(tps, timeout=self._timeout_s)
@@ -289,18 +319,25 @@ class Runner(PollLoop):
             self.metrics.forget_partition(p)
 
 
-def _fence_with_retries(task: PartitionTask, settings: Settings) -> str | None:
+def process_transactional_id(app_id: str, topic: str, group_instance_id: str) -> str:
+    """PRODUCERS=per_process: named after the static member when there is one, so that its next start aborts what its
+    last left open at once; otherwise unique per start (two processes must never share it), and what a crashed
+    process left open holds its partitions' next owners up to TRANSACTION_TIMEOUT_MS. Under the service's
+    transactional-id prefix, like the per-partition names (pipeline/kafka/acls.py)."""
+    return f"{app_id}.{topic}.process-{group_instance_id or uuid.uuid4().hex[:12]}"
+
+
+def _fence_with_retries(txn: Transaction, settings: Settings) -> str | None:
     """init_transactions with bounded retries; returns the last error, or None once fenced."""
     deadline = time.monotonic() + 3 * settings.request_timeout_ms / 1000
     while True:
         try:
-            task.fence()
+            txn.fence()
             return None
         except KafkaException as e:
-            txn_id = transactional_id(task.ctx.app_id, task.ctx.input_topic, task.partition)
-            if (missing := missing_transactional_id(e.args[0], txn_id)) is not None:
+            if (missing := missing_transactional_id(e.args[0], txn.name)) is not None:
                 raise missing from e
             if time.monotonic() > deadline or e.args[0].fatal():
                 return str(e.args[0])
-            log.warning("p%d: init_transactions: %s; retrying", task.partition, e.args[0])
+            log.warning("%s: init_transactions: %s; retrying", txn.name, e.args[0])
             time.sleep(0.5)

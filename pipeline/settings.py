@@ -44,6 +44,8 @@ EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
 CLASSIC = "classic"  # the group protocol before KIP-848: the clients heartbeat, a client assigns
 CONSUMER = "consumer"  # KIP-848 (Kafka 4.0+): the broker assigns, the group's session timeout is the broker's
+PER_PARTITION = "per_partition"  # a transactional producer per input partition, fenced by its transactional.id
+PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the consumer group's generation
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
 SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
@@ -92,7 +94,8 @@ class Settings:
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
-    group_instance_id: str = ""  # static membership (e.g. the pod name)
+    group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
+    producers: str = PER_PARTITION  # or per_process: one transactional producer for the whole process (KIP-447)
     group_protocol: str = CLASSIC  # or "consumer" (KIP-848): SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply
     metrics_port: int = 0  # 0: no HTTP endpoint
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
@@ -154,6 +157,8 @@ def validate(s: Settings) -> None:
     require(s.on_poison in ("dead_letter", "stop"), f"ON_POISON must be dead_letter or stop, not {s.on_poison!r}")
     require(s.group_protocol in (CLASSIC, CONSUMER),
             f"GROUP_PROTOCOL must be {CLASSIC} or {CONSUMER}, not {s.group_protocol!r}")
+    require(s.producers in (PER_PARTITION, PER_PROCESS),
+            f"PRODUCERS must be {PER_PARTITION} or {PER_PROCESS}, not {s.producers!r}")
     require("group.protocol" not in s.kafka, "PIPELINE_KAFKA_GROUP_PROTOCOL: set GROUP_PROTOCOL instead (the "
             "consumer's other properties depend on it)")
     for name in ("commit_interval_ms", "commit_max_records", "poll_max_records", "processing_max_attempts",

@@ -34,7 +34,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from pipeline.app import App, Output, Record
 from pipeline.deadletter import DeadLetter
-from pipeline.errors import Action, classify, kafka_error
 from pipeline.kafka.clients import produce_waiting
 from pipeline.lifecycle import Lifecycle, Phase, commit_deadline
 from pipeline.metrics import Metrics
@@ -48,16 +47,12 @@ from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
 from pipeline.state.timers import new_state, restored_state, wall_clock_ms
 from pipeline.timers import TimerFiring
+from pipeline.transaction import PartitionDropped, Transaction, TransactionAborted
 
 log = logging.getLogger(__name__)
 
 
-class TransactionAborted(Exception):
-    """The open transaction must be (or was) aborted; state and position go back to the last commit."""
-
-
-class PartitionDropped(Exception):
-    """The producer can never commit again (fenced, fatal, or an outcome that stayed unknown)."""
+__all__ = ["PartitionDropped", "PartitionTask", "TaskContext", "TransactionAborted", "transactional_id"]
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
@@ -82,6 +77,8 @@ class TaskContext:
     # Test hook: called before each commit; returning True aborts that transaction instead (injected aborts).
     abort_hook: Callable[[int], bool] | None = None
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
+    # PRODUCERS=per_process: the process's one transaction, shared by every task (None: a producer per partition).
+    shared_transaction: Callable[[], Transaction] | None = None
 
 
 class PartitionTask(Lifecycle):
@@ -91,9 +88,12 @@ class PartitionTask(Lifecycle):
         self.partition = partition
         self.label = str(partition)
         s = ctx.settings
-        self.producer = ctx.make_producer(
-            transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
-        )
+        if ctx.shared_transaction is not None:
+            self.txn = ctx.shared_transaction()
+        else:
+            txn_id = transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
+            self.txn = Transaction(ctx.make_producer(txn_id), s, txn_id or f"p{partition}", ctx.abort_hook)
+        self.producer = self.txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
         self.next_offset: int | None = None  # next input offset to process
@@ -122,8 +122,7 @@ class PartitionTask(Lifecycle):
 
     # -- 1. fence, before anything of p is read (docs/guarantees.md: fence-first) --------------------------------------
     def fence(self) -> None:
-        if self.ctx.settings.exactly_once:
-            self.producer.init_transactions(self._timeout_s)
+        self.txn.fence()
 
     # -- 2. position ---------------------------------------------------------------------------------------------------
     def start(self, committed_offset: int | None) -> None:
@@ -185,7 +184,7 @@ class PartitionTask(Lifecycle):
                     except BufferError:
                         self._produce(topic, out_key, out_value, out_partition, headers)
                     except KafkaException as e:
-                        _raise_classified("produce", e)
+                        self.txn.raise_classified("produce", e)
                 produced += len(outputs)
             self.next_offset = offset + 1
             self._txn_records += 1
@@ -226,7 +225,7 @@ class PartitionTask(Lifecycle):
         try:
             produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
         except KafkaException as e:
-            _raise_classified("produce", e)
+            self.txn.raise_classified("produce", e)
 
     # -- 4b. timers (docs/guarantees.md: timers-exactly-once) ----------------------------------------------------------
     def tick(self, now_ms: int) -> None:
@@ -255,8 +254,7 @@ class PartitionTask(Lifecycle):
         self.ctx.consumer.pause(tps) if paused else self.ctx.consumer.resume(tps)
 
     def _begin(self) -> None:
-        if self.ctx.settings.exactly_once:
-            self._call(self.producer.begin_transaction)
+        self.txn.join(self)
         self._in_transaction = True
         self._txn_started = time.monotonic()
         self._txn_records = 0
@@ -269,21 +267,18 @@ class PartitionTask(Lifecycle):
             if self._in_transaction else None
 
     def commit(self) -> None:
-        if not self._in_transaction:
-            return
-        started = time.monotonic()
+        """Commits p's open transaction, with every other partition writing into it (pipeline/transaction.py)."""
+        if self._in_transaction:
+            self.txn.commit(self.ctx.consumer)
+
+    def prepare_commit(self) -> TopicPartition:
+        """Step 1 of the commit: p's state changes and checkpoint into the transaction; p's next offset for step 2."""
         self._write_changelog()
         self._txn_count += 1
-        if self.ctx.abort_hook is not None and self.ctx.abort_hook(self._txn_count):
-            raise TransactionAborted("injected abort (test hook)")
-        offsets = [TopicPartition(self.ctx.input_topic, self.partition, self.next_offset)]
-        if self.ctx.settings.exactly_once:
-            group = self.ctx.consumer.consumer_group_metadata()
-            self._call(self.producer.send_offsets_to_transaction, offsets, group, self._timeout_s)
-            self._call(self.producer.commit_transaction, self._timeout_s)
-        else:
-            self._call(self.producer.flush, self._timeout_s)
-            self.ctx.consumer.commit(offsets=offsets, asynchronous=False)
+        return TopicPartition(self.ctx.input_topic, self.partition, self.next_offset)
+
+    def committed(self, started: float) -> None:
+        """Step 4: the transaction is committed; p's committed offset and state move forward."""
         self.state.commit()
         self.committed_offset = self.next_offset
         self._committed_txn = self._txn_count
@@ -308,28 +303,17 @@ class PartitionTask(Lifecycle):
                 self._checkpoint_at = (txn, message.offset())
         return delivered
 
-    def _call(self, method: Callable, *args) -> None:
-        """Calls a transactional producer method, retrying while its outcome is unknown
-        (docs/guarantees.md: unknown-commit-retried)."""
-        deadline = time.monotonic() + self.ctx.settings.transaction_timeout_ms / 1000
-        while True:
-            try:
-                method(*args)
-                return
-            except KafkaException as e:
-                error = kafka_error(e)
-                if error is not None and classify(error) is Action.RETRY and time.monotonic() < deadline:
-                    log.info("p%d: %s: %s; retrying", self.partition, method.__name__, error)
-                    time.sleep(0.05)
-                    continue
-                _raise_classified(method.__name__, e)
-
     # -- 6. abort and rewind -------------------------------------------------------------------------------------------
     def abort_and_rewind(self) -> None:
         """Back to the last committed transaction: abort, undo state, seek the input back
         (docs/guarantees.md: rewind-after-abort). RUNNING -> REWINDING, and RUNNING again once the seek is done."""
-        if self._in_transaction and self.ctx.settings.exactly_once:
-            self._call(self.producer.abort_transaction, self._timeout_s)
+        if self._in_transaction:
+            self.txn.abort()  # every partition in the transaction rewinds, p with them
+        else:
+            self.rewind()
+
+    def rewind(self) -> None:
+        """State undone to the last commit, position back to the committed offset."""
         self._in_transaction = False
         if self._timers is not None:
             self._timers.release()  # held records are fetched again after the seek
@@ -360,7 +344,7 @@ class PartitionTask(Lifecycle):
         publishes nothing). None when there is nothing new since the snapshot p was restored from, or when it is
         not known exactly which changelog offset the state covers."""
         if not (self.ctx.app.stateful and self.ctx.settings.exactly_once) or self.phase is not Phase.RUNNING \
-                or self._in_transaction or not len(self.state):
+                or self.txn.open or not len(self.state):
             return None
         self.producer.flush(self._timeout_s)  # serves the last checkpoint's delivery report
         if self._committed_txn:
@@ -371,7 +355,7 @@ class PartitionTask(Lifecycle):
         base = self.snapshot_base
         if self.changelog_end is None or self.changelog_end <= (base.changelog_offset if base else 0):
             return None
-        self._call(self.producer.begin_transaction)
+        self.txn.call(self.producer.begin_transaction)
         try:
             manifest = write_snapshot(
                 self.producer, app_id=self.ctx.app_id, snapshot_topic=snapshot_topic,
@@ -379,7 +363,7 @@ class PartitionTask(Lifecycle):
                 changelog_offset=self.changelog_end, input_offset=self.committed_offset, base=base,
                 timeout_s=self._timeout_s,
             )
-            self._call(self.producer.commit_transaction, self._timeout_s)
+            self.txn.call(self.producer.commit_transaction, self._timeout_s)
         except KafkaException as e:
             log.warning("p%d: snapshot on shutdown not published: %s", self.partition, e)
             with contextlib.suppress(KafkaException):
@@ -399,12 +383,8 @@ class PartitionTask(Lifecycle):
                 self.commit()
             except (TransactionAborted, PartitionDropped, KafkaException) as e:
                 log.warning("p%d: could not commit on close: %s", self.partition, e)
-        if self._in_transaction and self.ctx.settings.exactly_once and self.phase is not Phase.DROPPED:
-            try:
-                self.producer.abort_transaction(self._timeout_s)
-                log.info("p%d: open transaction aborted", self.partition)
-            except KafkaException as e:
-                log.info("p%d: open transaction not aborted here (%s): fenced or timed out", self.partition, e)
+        if self._in_transaction and self.phase is not Phase.DROPPED:
+            self.txn.abort_on_close(self)  # the other partitions in it (PRODUCERS=per_process) rewind
         with contextlib.suppress(KafkaException):  # a fenced producer refuses even to flush
             self.producer.flush(self._timeout_s)
         self._in_transaction = False
@@ -415,14 +395,7 @@ class PartitionTask(Lifecycle):
         self._transition(Phase.DROPPED)
         self.error = reason
         self._in_transaction = False
-
-
-def _raise_classified(operation: str, exc: KafkaException) -> None:
-    """Turns a Kafka error inside a transaction into TransactionAborted or PartitionDropped (never RETRY here)."""
-    error = kafka_error(exc)
-    if error is not None and classify(error) is Action.ABORT:
-        raise TransactionAborted(f"{operation}: {error}") from exc
-    raise PartitionDropped(f"{operation}: {error or exc}") from exc
+        self.txn.leave(self)
 
 
 def _identity(value: Any) -> Any:
