@@ -291,7 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault)")
     parser.add_argument("--cluster", action="store_true",
                         help="run against the local 3-node cluster and add the broker faults")
-    parser.add_argument("--profile", choices=["ci", "long"], default="ci")
+    parser.add_argument("--profile", choices=["ci", "long", "soak"], default="ci",
+                        help="soak: one long run, a fault every minute, fails on RSS or fd growth (testing/soak.py)")
+    parser.add_argument("--minutes", type=float, default=30, help="soak: how long the input is fed")
+    parser.add_argument("--records", type=int, default=1_000_000, help="soak: how many input records")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log-dir", default=".run/chaos")
     parser.add_argument("--json", action="store_true", help="also print the verdicts as JSON")
@@ -303,6 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         parser.error(f"unknown faults {unknown}")
+    if args.profile == "soak":  # imported here: the soak builds on this module's FaultRun and FAULTS
+        from pipeline.testing import soak
+
+        rotation = tuple(n for n in names if n in soak.ROTATION)
+        if args.cluster or not rotation:
+            parser.error(f"--profile soak rotates process faults ({', '.join(soak.ROTATION)}) on one broker")
+        profile = soak.SoakProfile(args.records, args.minutes, rotation=rotation)
+        return soak.main(app, args.app, args.bootstrap_servers, args.seed, Path(args.log_dir), profile)
     bootstrap, replication = args.bootstrap_servers, 1
     if args.cluster:
         subprocess.run([str(KAFKA_SH), "--cluster", "start"], check=True)
