@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output-topic")
     run.add_argument("--metrics-port", type=int)
     run.add_argument("--sink", choices=["kafka", "postgres"], help="where results go (PIPELINE_SINK; default kafka)")
+    run.add_argument("--workers", type=_positive, default=1, metavar="N",
+                     help="N supervised processes of the group on this host, one metrics endpoint (default 1: this "
+                          "process runs the service itself)")
     run.set_defaults(command=_run)
 
     commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
@@ -116,6 +119,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     # Bad credentials or an untrusted certificate: librdkafka would retry for ever; say which setting is wrong.
     connect_check(settings)
+    if args.workers > 1:  # checked once here; each worker is a `pipeline run` of its own (pipeline/workers.py)
+        from pipeline.workers import supervise
+
+        return supervise(args, settings, stop_requested)
     if settings.sink == "postgres":  # PIPELINE_SINK=postgres or --sink postgres: pipeline/postgres
         from pipeline.postgres.runner import PgRunner
 
@@ -129,6 +136,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     runner.run()
     return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer, not {text!r}")
+    return int(text)
 
 
 def _topics(args: argparse.Namespace) -> int:

@@ -1,4 +1,8 @@
-"""Prometheus metrics and the health endpoint (/metrics, /ready, /live) of one runner."""
+"""Prometheus metrics and the health endpoint (/metrics, /ready, /live) of one runner.
+
+Under `pipeline run --workers N` each worker writes its metrics to PROMETHEUS_MULTIPROC_DIR and the supervisor serves
+them merged (pipeline/workers.py): each gauge says how its workers' values combine (multiprocess_mode, ignored in a
+single process)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -51,8 +56,10 @@ class Metrics:
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )
+        # Per partition: the value of the partition's latest owner (a worker that gave it up keeps its own last one).
         self.restore_seconds = Gauge(
-            "pipeline_restore_duration_seconds", "Duration of the last restore", ["partition"], registry=r
+            "pipeline_restore_duration_seconds", "Duration of the last restore", ["partition"], registry=r,
+            multiprocess_mode="livemostrecent",
         )
         self.restore_records = Counter(
             "pipeline_restore_records", "Changelog records read by restores", ["partition"], registry=r
@@ -61,9 +68,13 @@ class Metrics:
             "pipeline_restore_snapshot_entries", "State entries taken from full snapshots by restores", ["partition"],
             registry=r,
         )
-        self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r)
-        self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r)
-        self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r)
+        self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r,
+                         multiprocess_mode="livemostrecent")
+        self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r,
+                              multiprocess_mode="livesum")
+        # One sample per worker (pid label): the supervisor's /ready needs each one's.
+        self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r,
+                           multiprocess_mode="liveall")
 
     def observe_end_to_end(self, first_timestamp_ms: int, last_timestamp_ms: int) -> None:
         """Right after a commit: the latency of the transaction's first and last input record, from their Kafka
@@ -84,10 +95,14 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class Exposition(Protocol):
+    def exposition(self) -> bytes: ...
+
+
 class HealthServer:
     """Serves /metrics, /ready (200 when ready, else 503) and /live on a background thread."""
 
-    def __init__(self, metrics: Metrics, is_ready: Callable[[], bool], port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, metrics: Exposition, is_ready: Callable[[], bool], port: int, host: str = "0.0.0.0") -> None:
         handler = _handler(metrics, is_ready)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
@@ -105,7 +120,7 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler(metrics: Metrics, is_ready: Callable[[], bool]) -> type[BaseHTTPRequestHandler]:
+def _handler(metrics: Exposition, is_ready: Callable[[], bool]) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":

@@ -1,0 +1,330 @@
+"""`pipeline run --workers N`: N supervised member processes of the consumer group on one host.
+
+One Python process runs on one core (the GIL); a machine with more cores runs more members of the same group. The
+supervisor (the process `pipeline run` started) starts N workers, each an ordinary `pipeline run` of its own with
+    PIPELINE_WORKER_SLOT=<0..N-1>       a stable slot: a restarted worker gets the slot (and so the identities) back
+    PIPELINE_GROUP_INSTANCE_ID=<id>-w<slot>   if GROUP_INSTANCE_ID is set: static members need distinct ids
+    PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>
+    PIPELINE_METRICS_PORT=0             the supervisor serves the one endpoint (/metrics of all, /ready, /live)
+A worker that exits is started again in its slot after a back-off (1 s, doubling up to 30 s while it keeps failing
+within a minute of its start); exit code 2 (configuration or usage error) stops everything instead: a restart would
+fail the same way. SIGTERM or SIGINT to the supervisor: each worker gets SIGTERM and stops as a single process does
+(commits or aborts what is open, leaves the group), the supervisor waits for all and exits 0; a second signal kills
+them. Workers run in their own process group (a terminal's Ctrl-C reaches the supervisor only, which stops them in
+order) and die with SIGTERM if the supervisor itself is killed (Linux: PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
+
+from pipeline.metrics import HealthServer
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WORKER_SLOT_ENV = "PIPELINE_WORKER_SLOT"
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONFIG_ERROR_EXIT = 2  # cli.py's exit code for a bad setting or App path; argparse's for a bad option
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+# A worker that ran this long had a good start: its next exit is restarted after BACKOFF_FIRST_S again.
+STABLE_AFTER_S = 60.0
+WATCH_EVERY_S = 0.2
+# During a stop, SIGTERM and SIGINT are how a worker that had not yet installed its handlers ends: it owned nothing.
+CLEAN_STOP_CODES = (0, -signal.SIGTERM, -signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class WorkerSettings(Settings):
+    """Declares PIPELINE_WORKER_SLOT, so that the settings loader (which refuses unknown PIPELINE_* names) accepts it
+    in a worker's environment; this module is imported first there (`python -m pipeline.workers`)."""
+
+    worker_slot: int = -1  # -1: not a worker of `pipeline run --workers N`
+
+
+def restart_delay(quick_failures: int, first_s: float = BACKOFF_FIRST_S, max_s: float = BACKOFF_MAX_S) -> float:
+    """The wait before restarting a worker that exited `quick_failures` times in a row soon after its start."""
+    return min(max_s, first_s * 2 ** max(0, quick_failures - 1))
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def worker_env(base: Mapping[str, str], slot: int, metrics_dir: str, group_instance_id: str) -> dict[str, str]:
+    """The environment of the worker in `slot`: its slot, its own static-member id, the shared metrics directory."""
+    env = {k: v for k, v in base.items() if k.lower() != MULTIPROC_DIR_ENV.lower()}
+    env[WORKER_SLOT_ENV] = str(slot)
+    env[MULTIPROC_DIR_ENV] = metrics_dir
+    env["PIPELINE_METRICS_PORT"] = "0"  # the environment beats the config file: no worker binds the supervisor's port
+    if group_instance_id:
+        env["PIPELINE_GROUP_INSTANCE_ID"] = f"{group_instance_id}-w{slot}"
+    return env
+
+
+def worker_command(args: argparse.Namespace, supervisor_pid: int) -> list[str]:
+    """`pipeline run` with the supervisor's options, less --workers and --metrics-port, through this module's entry
+    point (which declares the worker's settings and ties the worker's life to the supervisor's)."""
+    options = {"--config": args.config, "--bootstrap-servers": args.bootstrap_servers, "--app-id": args.app_id,
+               "--input-topic": args.input_topic, "--output-topic": args.output_topic, "--sink": args.sink}
+    given = [word for option, value in options.items() if value is not None for word in (option, str(value))]
+    return [sys.executable, "-m", "pipeline.workers", "--supervisor", str(supervisor_pid),
+            "--log-level", args.log_level, "run", args.app, *given]
+
+
+class Process(Protocol):
+    """What the supervisor uses of subprocess.Popen."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> Process:
+    # process_group=0: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the supervisor only.
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+
+
+@dataclass
+class Slot:
+    index: int
+    process: Process | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None  # when an exited worker is started again
+    quick_failures: int = 0
+
+
+class Supervisor:
+    """Keeps `count` workers running, one per slot; `check()` is called every WATCH_EVERY_S by the main loop."""
+
+    def __init__(self, count: int, command: list[str], env_of: Callable[[int], dict[str, str]], *,
+                 spawn: Callable[[list[str], dict[str, str]], Process] = _spawn,
+                 clock: Callable[[], float] = time.monotonic, on_exit: Callable[[Slot, int], None] | None = None,
+                 on_restart: Callable[[Slot], None] | None = None, first_backoff_s: float = BACKOFF_FIRST_S) -> None:
+        self.slots = [Slot(i) for i in range(count)]
+        self._command = command
+        self._env_of = env_of
+        self._spawn = spawn
+        self._clock = clock
+        self._on_exit = on_exit or (lambda slot, pid: None)
+        self._on_restart = on_restart or (lambda slot: None)
+        self._first_backoff_s = first_backoff_s
+        self.stopping = False
+        self.unclean: list[str] = []  # workers that did not stop cleanly when asked to
+
+    def start(self) -> None:
+        for slot in self.slots:
+            self._start(slot)
+
+    def check(self) -> int | None:
+        """Restarts exited workers when their back-off is over; an exit code to give up with, or None."""
+        now = self._clock()
+        for slot in self.slots:
+            code = slot.process.poll() if slot.process is not None else None
+            if code is not None and self._exited(slot, code, now):
+                return code
+            if slot.process is None and slot.restart_at is not None and now >= slot.restart_at and not self.stopping:
+                self._start(slot)
+                self._on_restart(slot)
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM to every worker; pending restarts are cancelled."""
+        self.stopping = True
+        for slot in self.slots:
+            slot.restart_at = None
+            if slot.process is not None:
+                log.info("worker %d (pid %d): SIGTERM", slot.index, slot.process.pid)
+                _signal(slot.process, signal.SIGTERM)
+
+    def kill(self) -> None:
+        for slot in self.slots:
+            if slot.process is not None:
+                log.warning("worker %d (pid %d): SIGKILL", slot.index, slot.process.pid)
+                _signal(slot.process, signal.SIGKILL)
+
+    def running(self) -> list[Slot]:
+        return [slot for slot in self.slots if slot.process is not None]
+
+    def all_running(self) -> bool:
+        return all(slot.process is not None for slot in self.slots)
+
+    def _start(self, slot: Slot) -> None:
+        slot.restart_at = None
+        slot.process = self._spawn(self._command, self._env_of(slot.index))
+        slot.started_at = self._clock()
+        log.info("worker %d started: pid %d", slot.index, slot.process.pid)
+
+    def _exited(self, slot: Slot, code: int, now: float) -> bool:
+        """Logs the exit and plans the restart; True: give up (stop everything)."""
+        pid, uptime = slot.process.pid, now - slot.started_at
+        slot.process = None
+        self._on_exit(slot, pid)
+        if self.stopping:
+            if code in CLEAN_STOP_CODES:
+                log.info("worker %d (pid %d) stopped (%s)", slot.index, pid, describe_exit(code))
+            else:
+                log.error("worker %d (pid %d) %s while stopping", slot.index, pid, describe_exit(code))
+                self.unclean.append(f"worker {slot.index}: {describe_exit(code)}")
+            return False
+        if code == CONFIG_ERROR_EXIT:
+            log.error("worker %d (pid %d) %s (a configuration or usage error: a restart would fail the same way); "
+                      "stopping the other workers", slot.index, pid, describe_exit(code))
+            return True
+        slot.quick_failures = 1 if uptime >= STABLE_AFTER_S else slot.quick_failures + 1
+        delay = restart_delay(slot.quick_failures, self._first_backoff_s)
+        slot.restart_at = now + delay
+        log.warning("worker %d (pid %d) %s after %.1f s; restarting it in %.1f s", slot.index, pid,
+                    describe_exit(code), uptime, delay)
+        return False
+
+
+def _signal(process: Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # exited since the last poll: reaped by the next one
+        process.send_signal(sig)
+
+
+class WorkerMetrics:
+    """The workers' metrics merged (prometheus-client multiprocess mode) plus the supervisor's restart counter."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(self.registry, path=directory)
+        self._workers_only = multiprocess.MultiProcessCollector(None, path=directory)
+        self.restarts = Counter("pipeline_worker_restarts", "Workers started again after they exited", ["worker"],
+                                registry=self.registry)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def ready_pids(self) -> set[int]:
+        """The worker processes whose pipeline_ready gauge (multiprocess mode liveall: one sample per pid) is 1."""
+        return {int(sample.labels["pid"]) for metric in self._workers_only.collect() if metric.name == "pipeline_ready"
+                for sample in metric.samples if sample.value == 1 and "pid" in sample.labels}
+
+    def forget(self, slot: Slot, pid: int) -> None:
+        """A worker exited: its live gauges leave the exposition (its counters stay: the totals do not go back)."""
+        multiprocess.mark_process_dead(pid, self.directory)
+
+    def restarted(self, slot: Slot) -> None:
+        self.restarts.labels(str(slot.index)).inc()
+
+
+def supervise(args: argparse.Namespace, settings: Settings, stop_requested: threading.Event) -> int:
+    """Runs `args.workers` workers until SIGTERM/SIGINT; 0 when all stopped cleanly."""
+    kill_requested = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stop_requested.is_set():
+            kill_requested.set()  # a second signal: do not wait any longer
+        stop_requested.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    if stop_requested.is_set():  # a signal during start-up: nothing started, nothing to stop
+        return 0
+    with tempfile.TemporaryDirectory(prefix="pipeline-metrics-") as metrics_dir:
+        metrics = WorkerMetrics(metrics_dir)
+        supervisor = Supervisor(args.workers, worker_command(args, os.getpid()),
+                                lambda slot: worker_env(os.environ, slot, metrics_dir, settings.group_instance_id),
+                                on_exit=metrics.forget, on_restart=metrics.restarted)
+
+        def is_ready() -> bool:  # every worker up, and each one's every partition restored
+            return supervisor.all_running() and _pids(supervisor.running()) <= metrics.ready_pids()
+
+        port = settings.metrics_port
+        health = HealthServer(metrics, is_ready, port).start() if port else None
+        log.info("%d workers of %s (one process each; metrics on port %s)", args.workers, args.app, port or "none")
+        try:
+            supervisor.start()
+            code = _watch(supervisor, stop_requested)
+            supervisor.stop()
+            _wait_stopped(supervisor, kill_requested)
+        finally:
+            if health:
+                health.stop()
+    if code is not None:
+        return code
+    if supervisor.unclean:
+        log.error("stopped, not cleanly: %s", "; ".join(supervisor.unclean))
+        return 1
+    log.info("all %d workers stopped", args.workers)
+    return 0
+
+
+def _watch(supervisor: Supervisor, stop_requested: threading.Event) -> int | None:
+    """Until a stop is requested (None) or a worker exits with a code a restart cannot fix (that code)."""
+    while not stop_requested.is_set():
+        code = supervisor.check()
+        if code is not None:
+            return code
+        stop_requested.wait(WATCH_EVERY_S)
+    return None
+
+
+def _wait_stopped(supervisor: Supervisor, kill_requested: threading.Event) -> None:
+    while supervisor.running():
+        if kill_requested.is_set():
+            supervisor.kill()
+        supervisor.check()
+        time.sleep(0.05)
+
+
+def _pids(slots: Iterable[Slot]) -> set[int]:
+    return {slot.process.pid for slot in slots if slot.process is not None}
+
+
+def _die_with_supervisor(supervisor_pid: int) -> None:
+    """SIGTERM to this worker when the supervisor dies, however it dies (Linux); a worker whose supervisor is already
+    gone exits at once."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != supervisor_pid:
+        sys.exit(0)
+
+
+def worker_main(argv: list[str]) -> int:
+    """`python -m pipeline.workers --supervisor PID <pipeline arguments>`: a worker's entry point."""
+    if len(argv) < 2 or argv[0] != "--supervisor":
+        print("usage: python -m pipeline.workers --supervisor PID <pipeline arguments> (started by pipeline run "
+              "--workers N)", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    _die_with_supervisor(int(argv[1]))
+    from pipeline.cli import main
+
+    # Gauge.remove (a partition's gauges when it leaves) is not implemented in multiprocess mode: the value stays in
+    # this worker's file until it exits, and the partition's next owner's value, more recent, is the one shown.
+    warnings.filterwarnings("ignore", message="Removal of labels has not been implemented")
+    return main(argv[2:])
+
+
+if __name__ == "__main__":
+    from pipeline import workers
+
+    sys.exit(workers.worker_main(sys.argv[1:]))

@@ -1,0 +1,215 @@
+"""`pipeline run --workers N` (pipeline/workers.py) without a broker: the restart policy on fake processes and a fake
+clock, each worker's environment and command, the merged metrics and /ready, and real child processes killed and
+stopped by real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import _parser
+from pipeline.settings import ConfigError
+from pipeline.settings import load as load_settings
+from pipeline.workers import (
+    CONFIG_ERROR_EXIT,
+    Slot,
+    Supervisor,
+    WorkerMetrics,
+    describe_exit,
+    restart_delay,
+    worker_command,
+    worker_env,
+)
+from tests.support import eventually
+
+
+class FakeProcess:
+    pids = iter(range(1000, 10_000))
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.pid = next(FakeProcess.pids)
+        self.command, self.env = command, env
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def supervised(count: int = 2) -> tuple[Supervisor, Clock, list[FakeProcess]]:
+    clock, spawned = Clock(), []
+
+    def spawn(command: list[str], env: dict[str, str]) -> FakeProcess:
+        spawned.append(FakeProcess(command, env))
+        return spawned[-1]
+
+    supervisor = Supervisor(count, ["worker"], lambda slot: {"PIPELINE_WORKER_SLOT": str(slot)}, spawn=spawn,
+                            clock=clock)
+    supervisor.start()
+    return supervisor, clock, spawned
+
+
+def test_restart_delay_doubles_up_to_the_cap() -> None:
+    assert [restart_delay(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_a_crashed_worker_restarts_in_its_slot_after_the_back_off() -> None:
+    supervisor, clock, spawned = supervised()
+    assert [p.env["PIPELINE_WORKER_SLOT"] for p in spawned] == ["0", "1"]
+    spawned[1].returncode = -signal.SIGKILL
+    clock.now = 5.0
+    assert supervisor.check() is None
+    assert len(spawned) == 2 and not supervisor.all_running()
+    clock.now = 5.9
+    supervisor.check()
+    assert len(spawned) == 2  # 1 s back-off
+    clock.now = 6.0
+    supervisor.check()
+    assert len(spawned) == 3 and spawned[2].env["PIPELINE_WORKER_SLOT"] == "1" and supervisor.all_running()
+    # It fails again right away: twice the wait. A worker that then runs a minute has its back-off reset.
+    spawned[2].returncode = 1
+    clock.now = 7.0
+    supervisor.check()
+    clock.now = 8.9
+    supervisor.check()
+    assert len(spawned) == 3
+    clock.now = 9.0
+    supervisor.check()
+    assert len(spawned) == 4
+    spawned[3].returncode = 0  # even a clean exit nobody asked for: the supervisor keeps N members
+    clock.now = 70.0
+    supervisor.check()
+    clock.now = 71.0
+    supervisor.check()
+    assert len(spawned) == 5 and spawned[4].env["PIPELINE_WORKER_SLOT"] == "1"
+
+
+def test_a_configuration_error_stops_everything_instead_of_restarting() -> None:
+    supervisor, _, spawned = supervised()
+    spawned[0].returncode = CONFIG_ERROR_EXIT
+    assert supervisor.check() == CONFIG_ERROR_EXIT
+    assert len(spawned) == 2
+
+
+def test_stop_terminates_every_worker_and_cancels_pending_restarts() -> None:
+    supervisor, clock, spawned = supervised(3)
+    spawned[2].returncode = -signal.SIGKILL
+    supervisor.check()
+    supervisor.stop()
+    assert [p.signals for p in spawned] == [[signal.SIGTERM], [signal.SIGTERM], []]
+    spawned[0].returncode = 0
+    spawned[1].returncode = -signal.SIGTERM  # stopped before it had installed its handlers: it owned nothing
+    clock.now = 100.0
+    supervisor.check()
+    assert supervisor.running() == [] and len(spawned) == 3 and supervisor.unclean == []
+
+
+def test_a_worker_failing_while_stopping_is_reported() -> None:
+    supervisor, _, spawned = supervised()
+    supervisor.stop()
+    spawned[0].returncode, spawned[1].returncode = 0, 1
+    supervisor.check()
+    assert supervisor.unclean == ["worker 1: exited with code 1"]
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-9) == "killed by SIGKILL"
+    assert describe_exit(3) == "exited with code 3"
+
+
+def test_each_worker_gets_its_slot_its_own_static_member_id_and_no_port() -> None:
+    base = {"PATH": "/bin", "PIPELINE_METRICS_PORT": "9100", "prometheus_multiproc_dir": "/elsewhere"}
+    env = worker_env(base, 1, "/tmp/m", "host-a")
+    assert env == {"PATH": "/bin", "PIPELINE_WORKER_SLOT": "1", "PROMETHEUS_MULTIPROC_DIR": "/tmp/m",
+                   "PIPELINE_METRICS_PORT": "0", "PIPELINE_GROUP_INSTANCE_ID": "host-a-w1"}
+    assert "PIPELINE_GROUP_INSTANCE_ID" not in worker_env(base, 0, "/tmp/m", "")
+
+
+def test_a_worker_loads_its_settings_with_the_slot_the_config_file_port_overridden(tmp_path: Path) -> None:
+    config = tmp_path / "service.toml"
+    config.write_text("metrics_port = 9100\ngroup_instance_id = 'pod-7'\n")
+    env = worker_env({}, 3, str(tmp_path), load_settings(config, {}).group_instance_id)
+    settings = load_settings(config, env)  # PIPELINE_WORKER_SLOT is a known setting once pipeline.workers is loaded
+    assert (settings.metrics_port, settings.group_instance_id) == (0, "pod-7-w3")
+    with pytest.raises(ConfigError, match="unknown setting PIPELINE_WORKER_SLOTS"):
+        load_settings(None, {"PIPELINE_WORKER_SLOTS": "1"})
+
+
+def test_the_worker_command_repeats_the_options_but_workers_and_port() -> None:
+    args = _parser().parse_args(["--log-level", "debug", "run", "my.mod:app", "--workers", "4", "--metrics-port",
+                                 "9100", "--app-id", "a", "--sink", "kafka"])
+    command = worker_command(args, 42)
+    assert command[1:] == ["-m", "pipeline.workers", "--supervisor", "42", "--log-level", "debug", "run",
+                           "my.mod:app", "--app-id", "a", "--sink", "kafka"]
+    assert _parser().parse_args(["run", "x:y"]).workers == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_workers_must_be_positive(value: str) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["run", "x:y", "--workers", value])
+
+
+WRITE_METRICS = textwrap.dedent("""
+    import sys
+    from pipeline.metrics import Metrics
+    metrics = Metrics()
+    metrics.ready.set(int(sys.argv[1]))
+    metrics.assigned.set(2)
+    metrics.records_in.labels("0").inc(5)
+""")
+
+
+def test_the_supervisor_serves_the_workers_metrics_merged_and_knows_who_is_ready(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    ready, restoring = (subprocess.Popen([sys.executable, "-c", WRITE_METRICS, flag], env=env) for flag in "10")
+    assert ready.wait(30) == 0 and restoring.wait(30) == 0
+    metrics = WorkerMetrics(str(tmp_path))
+    text = metrics.exposition().decode()
+    assert "pipeline_assigned_partitions 4.0" in text  # livesum
+    assert 'pipeline_records_in_total{partition="0"} 10.0' in text
+    assert f'pipeline_ready{{pid="{restoring.pid}"}} 0.0' in text
+    assert metrics.ready_pids() == {ready.pid}
+    metrics.forget(Slot(0), ready.pid)  # exited: its live gauges leave, its counters stay
+    assert metrics.ready_pids() == set()
+    assert 'pipeline_records_in_total{partition="0"} 10.0' in metrics.exposition().decode()
+
+
+SLEEPER = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(60)"
+
+
+def test_real_workers_are_restarted_after_sigkill_and_stopped_by_sigterm() -> None:
+    supervisor = Supervisor(2, [sys.executable, "-c", SLEEPER], lambda slot: dict(os.environ),
+                            first_backoff_s=0.05)
+    supervisor.start()
+    try:
+        victim = supervisor.slots[1].process
+        os.kill(victim.pid, signal.SIGKILL)
+        eventually(lambda: supervisor.check() is None and supervisor.slots[1].process not in (None, victim), 10, 0.05)
+    finally:
+        supervisor.stop()
+        eventually(lambda: supervisor.check() is None and not supervisor.running(), 20, 0.05)
+    assert supervisor.unclean == []
+
+
+def test_pipeline_run_workers_rejects_a_bad_app_before_starting_any() -> None:
+    result = subprocess.run([sys.executable, "-m", "pipeline", "run", "--workers", "2", "no.such.module:app"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "worker" not in result.stderr
