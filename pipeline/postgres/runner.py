@@ -1,15 +1,17 @@
 """The runner of the PostgreSQL sink: one consumer per process, one PgWorker per owned input partition.
 
 Lifecycle of partition p in this process: the worker's Phase (pipeline/lifecycle.py), moved by its methods.
-    assigned  -> take over: fence (bump epoch), restore offset + state                            NEW -> REWINDING
-                 -> assigned at that offset                                                 REWINDING -> RUNNING
+    assigned  -> take over: fence (bump epoch, read the offset) in the callback, assigned there, paused
+                                                                                              NEW -> RESTORING
                  (database unusable: assigned paused; a new worker takes p over later, with back-off)       NEW
+    restoring -> the state rows read in pages between polls, within RESTORE_STEP_MS in all (docs/guarantees.md:
+                 restore-keeps-membership); then the seek to the fenced offset, p resumed
+                                                                  RESTORING -> REWINDING -> RUNNING
     running   -> records processed in memory, one database transaction per batch (interval / size)
     failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch check failed
                  (fenced): the worker is thrown away, p paused. After a back-off (bounded, doubling; fenced:
                  REFENCE_AFTER_S) a new worker takes p over if the group still gives p to this process:
-                 fence + restore                                                              NEW -> REWINDING
-                 -> the seek to the restored offset took effect, p resumed                  REWINDING -> RUNNING
+                 fence, then restore as above                                                 NEW -> RESTORING
     revoked   -> the open batch is committed, the worker forgotten
     lost      -> the open batch is committed only if the epoch is still ours (the database decides, not the group
                  membership: if nobody fenced p yet, nothing was taken over and committing is correct)
@@ -48,7 +50,8 @@ from pipeline.settings import ConfigError, Settings
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 0.1
 POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
-TAKING_OVER = (Phase.NEW, Phase.REWINDING)  # waiting for a take-over, or for the seek after one; p paused
+# Waiting for a take-over, restoring, or waiting for the seek after one: p paused.
+TAKING_OVER = (Phase.NEW, Phase.RESTORING, Phase.REWINDING)
 
 
 class PgRunner(PollLoop):
@@ -119,6 +122,7 @@ class PgRunner(PollLoop):
         self._dispatch(messages)
         self._commit_due()
         self._retry_pending()
+        self._advance_restores()
         self._retry_seeks()
         self._update_gauges()
 
@@ -206,8 +210,21 @@ class PgRunner(PollLoop):
                 self._failed(p, result)
         self._retry_seeks()
 
+    def _advance_restores(self) -> None:
+        """Steps every restore, about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership)."""
+        restoring = [worker for worker in self.workers.values() if worker.phase is Phase.RESTORING]
+        budget_s = self.settings.restore_step_ms / 1000 / max(1, len(restoring))
+        for worker in restoring:
+            try:
+                if worker.restore_step(budget_s):
+                    log.info("p%d restored: %d keys in %.2fs", worker.partition, worker.restored_keys,
+                             worker.restore_seconds)
+            except (Fenced, WriteFailed) as e:
+                self._failed(worker.partition, e)
+
     def _retry_seeks(self) -> None:
-        """Taken over while assigned (REWINDING): seek to the restored offset, then resume."""
+        """Restored (REWINDING): seek to the fenced offset, then resume. The position never comes from the fetcher
+        (docs/guarantees.md: rewind-after-abort): records of p fetched while p restored were dropped by _dispatch."""
         for p, worker in list(self.workers.items()):
             if worker.phase is not Phase.REWINDING:
                 continue
@@ -219,19 +236,20 @@ class PgRunner(PollLoop):
                 continue
             worker.positioned()
             self.consumer.resume([TopicPartition(self.input_topic, p)])
-            log.info("p%d: taken over again at offset %s (epoch %s)", p, offset, worker.epoch)
+            log.info("p%d: reading from offset %s (epoch %s)", p, offset, worker.epoch)
 
     # -- assignment --------------------------------------------------------------------------------------------------
     def _take_over_all(self, partitions: list[int]) -> list[int | Exception | None]:
-        """Fence + restore each partition (in parallel, each on its own connection): its offset, or the error."""
+        """Fences each partition and reads its offset (in parallel, each on its own connection): the offset, or the
+        error. The state follows between polls (_advance_restores)."""
         workers = [PgWorker(self.ctx, p) for p in partitions]
         for worker in workers:
             self.workers[worker.partition] = worker
 
         def take_over(worker: PgWorker) -> int | Exception | None:
             try:
-                return worker.take_over()
-            except (Fenced, WriteFailed) as e:
+                return worker.fence()
+            except WriteFailed as e:
                 return e
 
         return list(self._threads.map(take_over, workers))
@@ -247,14 +265,13 @@ class PgRunner(PollLoop):
             else:
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
         consumer.incremental_assign(assignment)
-        taken = [p for p in ps if self.workers[p].phase is Phase.REWINDING]
+        taken = [p for p in ps if self.workers[p].phase is Phase.RESTORING]
         for p in taken:
-            self.workers[p].positioned()  # assigned at the restored offset
-        self._resume_assigned(taken)
+            self._pause(p)  # until restored (a pause survives unassign/assign: resumed after the seek)
         for p, error in failed:
             self._failed(p, error)
         self.metrics.assigned.set(len(self.workers))
-        log.info("assigned %s: offsets from the database %s, epochs %s", ps,
+        log.info("assigned %s: offsets from the database %s, epochs %s; restoring their state", ps,
                  {p: self.workers[p].committed_offset for p in taken}, {p: self.workers[p].epoch for p in taken})
 
     def _owned_partitions(self) -> dict[int, PgWorker]:

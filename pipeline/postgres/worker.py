@@ -1,11 +1,12 @@
 """worker(p) of the PostgreSQL sink: the exactly-once protocol for one input partition, top to bottom.
 
-    fence()     bump p's owner epoch in pipeline_offsets, in its own committed transaction. From then on every
-                write transaction of an older owner (a zombie) fails its epoch check and rolls back
-                (docs/guarantees.md: pg-epoch-fence).                                                        NEW
-    restore()   after the fence: p's next offset and state from the tables, in one REPEATABLE READ snapshot; the
-                runner moves the consumer there. Kafka's group offsets are not read: the database is the truth.
-                                                                                            NEW -> REWINDING
+    fence()     bump p's owner epoch in pipeline_offsets, in its own committed transaction, and read p's next
+                offset in the same statement. From then on every write transaction of an older owner (a zombie)
+                fails its epoch check and rolls back (docs/guarantees.md: pg-epoch-fence). Kafka's group offsets
+                are not read: the database is the truth.                                   NEW -> RESTORING
+    restore_step() p's state rows, a few pages at a time between polls while p stays paused (docs/guarantees.md:
+                restore-keeps-membership); once all are in and the epoch is still ours, the runner seeks to the
+                offset read by the fence.                                   RESTORING -> RUNNING -> REWINDING
     positioned() the consumer reads from that offset now                                  REWINDING -> RUNNING
     process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O);
                 a record that fails is retried, then dead-lettered into the batch or stops p
@@ -17,7 +18,13 @@
                 That is also how a commit whose outcome is unknown (connection lost during COMMIT) is resolved: the
                 table says.
 
-State: kept in PostgreSQL (pipeline_state, written in the batch's transaction) and loaded into memory after the fence.
+State: kept in PostgreSQL (pipeline_state, written in the batch's transaction) and loaded into memory after the fence,
+in pages of RESTORE_PAGE_ROWS ordered by key (keyset: each page starts after the last key read). Each page is one
+short statement of its own: no transaction, cursor or connection is held between polls, so a paused process holds
+nothing that could block the next owner, and no single statement meets statement_timeout however large the state.
+The pages agree with each other without one snapshot: after our fence only a transaction holding our epoch can
+change p's rows (every write advances the offsets row WHERE epoch = its own first), and the epoch is read again
+after the last page.
 The offsets row is updated first in the transaction, so it is locked until the commit: a new owner's fence waits
 for an in-flight batch to finish (then reads its result) or finds it rolled back, never half of it.
 """
@@ -46,6 +53,9 @@ from pipeline.settings import Settings
 from pipeline.state import PartitionState
 
 log = logging.getLogger(__name__)
+# Rows per page of the stepped restore: one page is ~10-50 ms (1 M rows/s on a quiet machine), so a step of
+# RESTORE_STEP_MS reads a few pages and returns to poll() in time.
+RESTORE_PAGE_ROWS = 10_000
 
 
 class Fenced(Exception):
@@ -88,6 +98,9 @@ class PgWorker(Lifecycle):
         self.committed_offset: int | None = None  # next input offset per the offsets row (None: nothing yet)
         self.next_offset: int | None = None  # next input offset to process
         self.restored_keys = 0
+        self.restore_seconds = 0.0  # from the fence to the last page
+        self._restore_started = 0.0
+        self._restored_up_to: str | None = None  # the last state key read (keyset pagination); None: none yet
         self._rows: list[OutputRow] = []
         self._dead: list[DeadLetter] = []
         self._batch_records = 0
@@ -101,14 +114,15 @@ class PgWorker(Lifecycle):
         self._sql_fence = sql.SQL(
             "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
             "VALUES (%s, %s, %s, NULL, 1, %s) ON CONFLICT (app_id, topic, input_partition) "
-            "DO UPDATE SET epoch = o.epoch + 1, owner = EXCLUDED.owner, fenced_at = now() RETURNING epoch"
+            "DO UPDATE SET epoch = o.epoch + 1, owner = EXCLUDED.owner, fenced_at = now() RETURNING epoch, next_offset"
         ).format(t=offsets)
         self._sql_read_offset = sql.SQL(
             "SELECT next_offset, epoch, owner FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s"
         ).format(t=offsets)
-        self._sql_read_state = sql.SQL(
-            "SELECT key, value FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s"
-        ).format(t=state)
+        read_page = "SELECT key, value FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s {after} " \
+            "ORDER BY key LIMIT %s"  # the primary key's index: each page is an index range scan
+        self._sql_first_page = sql.SQL(read_page).format(t=state, after=sql.SQL(""))
+        self._sql_next_page = sql.SQL(read_page).format(t=state, after=sql.SQL("AND key > %s"))
         self._sql_advance = sql.SQL(
             "UPDATE {t} SET next_offset = %s, committed_at = now() "
             "WHERE app_id = %s AND topic = %s AND input_partition = %s AND epoch = %s"
@@ -130,42 +144,70 @@ class PgWorker(Lifecycle):
         return (self.ctx.app_id, self.ctx.input_topic, self.partition)
 
     # -- 1. fence, then 2. restore: what a new owner does before it reads a record of p ----------------------------
-    def take_over(self) -> int | None:
-        """Fences p and restores its offset and state; returns the offset to seek to (None: from the beginning).
-        Raises Fenced if yet another owner fenced p in between, WriteFailed if the database is not usable (the
-        worker stays NEW, never to be used again)."""
-        started = time.monotonic()
+    def fence(self) -> int | None:
+        """Fences p and reads its next offset (None: from the beginning), which it returns; the state follows in
+        restore_step(). Raises WriteFailed if the database is not usable (the worker stays NEW, never to be used
+        again)."""
+        self._restore_started = time.monotonic()
         try:
-            with self._connection() as conn:
-                self.epoch = self._fence(conn)
-                self._restore(conn)
-        except (Fenced, WriteFailed):
-            raise
+            with self._connection() as conn, conn.transaction():
+                self.epoch, self.committed_offset = conn.execute(self._sql_fence, (*self._where, self.ctx.owner)) \
+                    .fetchone()
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-            self.epoch = None  # fenced maybe, but not restored: not a usable owner
+            self.epoch = None  # fenced maybe, but not usable
             raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
         self.next_offset = self.committed_offset
-        self._transition(Phase.REWINDING)
-        self.ctx.metrics.restore_seconds.labels(self.label).set(time.monotonic() - started)
-        self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)
+        self._transition(Phase.RESTORING)
         return self.committed_offset
 
-    def _fence(self, conn: psycopg.Connection) -> int:
-        with conn.transaction():
-            return conn.execute(self._sql_fence, (*self._where, self.ctx.owner)).fetchone()[0]
-
-    def _restore(self, conn: psycopg.Connection) -> None:
-        with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            next_offset, epoch, owner = conn.execute(self._sql_read_offset, self._where).fetchone()
-            if epoch != self.epoch:
-                raise Fenced(f"p{self.partition}: fenced again right after our fence (epoch {epoch} of {owner}, "
-                             f"ours was {self.epoch})")
-            with conn.cursor() as cur:
-                cur.execute(self._sql_read_state, self._where)
-                self.state.load((key, bytes(value)) for key, value in cur)
-        self.committed_offset = next_offset
+    def restore_step(self, budget_s: float) -> bool:
+        """Reads p's state rows for about budget_s (at least one page); True once all are in and p's epoch is still
+        ours: then p waits for the seek to the fenced offset (REWINDING). Raises Fenced if another owner fenced p
+        meanwhile, WriteFailed if the database is not usable (the worker is not to be used again)."""
+        until = time.monotonic() + budget_s
+        try:
+            with self._connection() as conn:
+                while not self._read_page(conn):
+                    if time.monotonic() >= until:
+                        return False
+                self._check_still_ours(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+            self.epoch = None
+            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
         self.restored_keys = len(self.state)
+        self._transition(Phase.RUNNING)  # the state is complete (as the Kafka sink's task after its restore) ...
+        self._transition(Phase.REWINDING)  # ... and the position comes from the fenced offset: the seek is pending
+        self.restore_seconds = time.monotonic() - self._restore_started
+        self.ctx.metrics.restore_seconds.labels(self.label).set(self.restore_seconds)
+        self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)
+        return True
+
+    def take_over(self) -> int | None:
+        """fence() and every restore_step() in one go (tests and tools; the runner steps the restore between
+        polls). Returns the offset to seek to."""
+        offset = self.fence()
+        while not self.restore_step(1.0):
+            pass
+        return offset
+
+    def _read_page(self, conn: psycopg.Connection) -> bool:
+        """Loads the next page of p's state rows; True when it was the last one."""
+        if self._restored_up_to is None:
+            rows = conn.execute(self._sql_first_page, (*self._where, RESTORE_PAGE_ROWS)).fetchall()
+        else:
+            rows = conn.execute(self._sql_next_page, (*self._where, self._restored_up_to, RESTORE_PAGE_ROWS)) \
+                .fetchall()
+        self.state.load(dict(rows))  # bytea arrives as bytes: one C-level update
+        if len(rows) < RESTORE_PAGE_ROWS:
+            return True
+        self._restored_up_to = rows[-1][0]
+        return False
+
+    def _check_still_ours(self, conn: psycopg.Connection) -> None:
+        _, epoch, owner = conn.execute(self._sql_read_offset, self._where).fetchone()
+        if epoch != self.epoch:
+            raise Fenced(f"p{self.partition}: fenced during the restore (epoch {epoch} of {owner}, ours was "
+                         f"{self.epoch})")
 
     def positioned(self) -> None:
         """The consumer reads p from the restored offset now (assigned there, or the seek took effect)."""
