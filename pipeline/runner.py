@@ -118,8 +118,8 @@ class Runner(PollLoop):
 
     def run(self) -> None:
         s = self.settings
-        log.info("%s: %s from %s to %s (%s); kafka settings %s", self.app_id, self.app.name, self.input_topic,
-                 self.output_topic, s.processing_guarantee, s.redacted_kafka())
+        log.info("%s: %s from %s to %s (%s, producers %s); kafka settings %s", self.app_id, self.app.name,
+                 self.input_topic, self.output_topic, s.processing_guarantee, s.producers, s.redacted_kafka())
         super().run()
 
     def _shutdown(self) -> None:
