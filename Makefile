@@ -11,10 +11,11 @@ demo: setup
 	deploy/local/kafka.sh start
 	$(PY) -m tools.demo
 
+# pytest, and beside it the fault suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh).
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
-	.venv/bin/pytest $(PYTEST_ARGS)
+	tests/run.sh $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .

@@ -21,8 +21,11 @@ pytestmark = pytest.mark.cluster
 SPEC = "pipeline.examples.running_totals:app"
 
 
-@pytest.fixture
-def cluster_run(kafka_cluster, tmp_path):
+@pytest.fixture(params=["per_partition", "per_process"])
+def cluster_run(kafka_cluster, tmp_path, request, monkeypatch):
+    """Both PRODUCERS modes: the single-broker fault suite runs in the other mode beside the main run (tests/run.sh),
+    but the cluster is one per machine, so its runs take turns here."""
+    monkeypatch.setenv("PIPELINE_PRODUCERS", request.param)
     runs = []
 
     def make() -> FaultRun:

@@ -1,0 +1,110 @@
+"""PRODUCERS=per_process: one producer's transaction carries every partition's work, and they commit, abort and break
+together (pipeline/transaction.py). Against the recording fakes of test_task_protocol; the real-broker tests are
+tests/integration/test_per_process_takeover.py and the fault suite run in this mode."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.lifecycle import Phase
+from pipeline.task import PartitionDropped, PartitionTask, TransactionAborted
+from pipeline.transaction import Transaction
+from tests.unit.test_task_protocol import (
+    ABORTABLE,
+    CHANGELOG,
+    FENCED,
+    GROUP_METADATA,
+    INPUT,
+    Harness,
+    kafka_exception,
+    msg,
+)
+
+
+class Shared(Harness):
+    """Tasks of one process sharing one transaction, as the runner builds them with PRODUCERS=per_process."""
+
+    def __init__(self, **settings) -> None:
+        super().__init__(producers="per_process", **settings)
+        self.txn = Transaction(self._make_producer("unit.in.process-a"), self.settings, "unit.in.process-a")
+        self.ctx = dataclasses.replace(self.ctx, shared_transaction=lambda: self.txn)
+
+    def tasks(self, *partitions: int) -> list[PartitionTask]:
+        tasks = [PartitionTask(self.ctx, p) for p in partitions]
+        for task in tasks:
+            task.fence()
+            task.start(0)
+            task.phase = Phase.RUNNING
+        self.calls.clear()
+        return tasks
+
+
+def test_one_producer_fenced_once_for_every_partition() -> None:
+    h = Shared()
+    tasks = [PartitionTask(h.ctx, p) for p in (0, 1, 2)]
+    for task in tasks:
+        task.fence()
+    assert len(h.producers) == 1 and {t.producer for t in tasks} == {h.producers[0]}
+    assert h.calls.names() == ["init_transactions"]
+
+
+def test_partitions_commit_together_in_one_transaction_with_all_their_offsets() -> None:
+    h = Shared()
+    p0, p1 = h.tasks(0, 1)
+    p0.process([msg(0), msg(1)])
+    p1.process([msg(0)])
+    p1.commit()  # whichever participant the runner picks commits them all
+    assert h.calls.names().count("begin_transaction") == 1
+    assert h.calls.names()[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
+    _, (offsets, group, _), _ = h.calls[-2]
+    assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [(INPUT, 0, 2), (INPUT, 1, 1)]
+    assert group is GROUP_METADATA
+    assert {r["partition"] for r in h.calls.produced(CHANGELOG)} == {0, 1}  # each its own changelog partition
+    assert (p0.committed_offset, p1.committed_offset) == (2, 1)
+    assert not h.txn.open
+
+
+def test_an_abort_rewinds_every_partition_in_the_transaction() -> None:
+    h = Shared()
+    p0, p1, p2 = h.tasks(0, 1, 2)
+    p0.process([msg(0, amount=5)])
+    p1.process([msg(0, amount=7)])
+    h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
+    with pytest.raises(TransactionAborted):
+        p0.commit()
+    p0.abort_and_rewind()
+    assert h.calls.count("abort_transaction") == 1
+    assert [("seek", (INPUT, p, 0), {}) in h.calls for p in (0, 1, 2)] == [True, True, False]  # p2 had nothing open
+    assert (p0.next_offset, p1.next_offset) == (0, 0)
+    assert p0.state.get("acct") is None and p1.state.get("acct") is None
+    assert p2.phase is Phase.RUNNING
+
+
+def test_closing_one_partition_without_commit_aborts_and_rewinds_the_others() -> None:
+    h = Shared()
+    p0, p1 = h.tasks(0, 1)
+    p0.process([msg(0)])
+    p1.process([msg(0)])
+    p0.close(commit=False)  # lost
+    assert h.calls.count("abort_transaction") == 1
+    assert p0.phase is Phase.CLOSED and p1.phase is Phase.RUNNING  # p1 rewound (seek done) and runs on
+    assert ("seek", (INPUT, 1, 0), {}) in h.calls and p1.next_offset == 0
+
+
+def test_a_fenced_producer_breaks_the_transaction_for_all_its_partitions() -> None:
+    h = Shared()
+    p0, p1 = h.tasks(0, 1)
+    p0.process([msg(0)])
+    p1.process([msg(0)])
+    h.producers[0].fail("commit_transaction", kafka_exception(**FENCED))
+    with pytest.raises(PartitionDropped):
+        p0.commit()
+    assert h.txn.broken  # the runner drops every task sharing it and takes them over with a new producer
+
+
+def test_per_partition_mode_keeps_a_producer_and_a_transaction_per_partition() -> None:
+    h = Harness()
+    p0, p1 = PartitionTask(h.ctx, 0), PartitionTask(h.ctx, 1)
+    assert p0.txn is not p1.txn and len(h.producers) == 2
