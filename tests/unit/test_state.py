@@ -242,6 +242,18 @@ def test_load_applies_entries_in_order_and_none_deletes() -> None:
     assert dict(state.encoded_items()) == {"a": enc(3), "b": enc(5)}
 
 
+def test_a_dict_loaded_into_an_empty_state_is_taken_over_not_copied() -> None:
+    # A restore's snapshot: one dict of every key; a copy would double the table at the restore's peak.
+    snapshot = {"a": enc(1), "b": enc(2), "gone": None}
+    state = PartitionState()
+    state.load(snapshot)
+    assert dict(state) == {"a": 1, "b": 2}
+    assert state._data is snapshot
+    batch = {"b": None, "c": enc(3)}
+    state.load(batch)  # a state with entries: the batch is applied, not taken
+    assert dict(state) == {"a": 1, "c": 3} and batch == {"b": None, "c": enc(3)}
+
+
 # -- randomized model test ---------------------------------------------------------------------------------------------
 KEYS = [f"k{i}" for i in range(8)]
 
