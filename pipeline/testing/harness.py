@@ -105,13 +105,15 @@ class Instance:
 @dataclass
 class Fleet:
     """Instances of one app sharing one consumer group. `env` reaches every instance (a secured cluster's
-    credentials as PIPELINE_KAFKA_*, see kafka_env); `log_level` is `pipeline --log-level` (default: info)."""
+    credentials as PIPELINE_KAFKA_*, see kafka_env); `log_level` is `pipeline --log-level` (default: info);
+    `run_args` are more `pipeline run` options (e.g. --workers 2: each instance is then a supervisor)."""
 
     app_spec: str
     bootstrap: str
     env: Mapping[str, str]
     log_dir: Path
     log_level: str | None = None
+    run_args: tuple[str, ...] = ()
     instances: list[Instance] = field(default_factory=list)
     _started: int = 0
 
@@ -130,7 +132,7 @@ class Fleet:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "pipeline", *(("--log-level", self.log_level) if self.log_level else ()),
-                 "run", self.app_spec],
+                 "run", *self.run_args, self.app_spec],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         return Instance(name, process, log_path)
