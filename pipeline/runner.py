@@ -146,9 +146,14 @@ class Runner(PollLoop):
         self._update_gauges()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        for p, batch in self._by_partition(messages).items():
+        batches = self._by_partition(messages)
+        polled_at = {p: task.seeks for p in batches if (task := self.tasks.get(p)) is not None}
+        for p, batch in batches.items():
             task = self.tasks.get(p)
-            if task is not None and task.phase is Phase.RUNNING:
+            # Not after a seek back since the poll (docs/guarantees.md: rewind-after-abort): with one transaction
+            # for the process, an abort while an earlier partition's batch ran rewinds this one too, and its batch
+            # continues from the old position: handing it over would skip the records in between.
+            if task is not None and task.phase is Phase.RUNNING and task.seeks == polled_at[p]:
                 self._guarded(task, task.process, batch)
 
     def _tick_timers(self) -> None:
@@ -221,6 +226,11 @@ class Runner(PollLoop):
         self._take_over([tp.partition for tp in partitions], reassign=False)
 
     def _take_over(self, partitions: list[int], reassign: bool) -> None:
+        if self._process_txn is not None and self._process_txn.open:
+            # The committed offsets below may wait for a previous owner's transaction (PRODUCERS=per_process), up to
+            # TRANSACTION_TIMEOUT_MS: long enough for the broker to abort ours, open meanwhile. Commit it first.
+            first = self._process_txn.participants[0]
+            self._guarded(first, first.commit)
         tasks = [PartitionTask(self.ctx, p) for p in partitions]
         self._fence_all(tasks)  # before any of p's offsets or state are read (docs/guarantees.md: fence-first)
         committed = self._committed_offsets(partitions)

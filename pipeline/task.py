@@ -108,6 +108,9 @@ class PartitionTask(Lifecycle):
         self.snapshot_base: Manifest | None = None
         self.changelog_end: int | None = None
         self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
+        # Seeks back so far. Records of p polled before one are from the old position: the runner never hands them
+        # over (with PRODUCERS=per_process, another partition's abort rewinds p between the poll and p's turn).
+        self.seeks = 0
         self._committed_txn = 0
         self._encode = self._encoder()  # Output -> produce arguments, built once
         self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
@@ -335,6 +338,7 @@ class PartitionTask(Lifecycle):
         except KafkaException as e:
             log.info("p%d: seek back to %s not possible yet (%s); retrying", self.partition, offset, e)
             return False
+        self.seeks += 1
         self._transition(Phase.RUNNING)
         return True
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from confluent_kafka import TopicPartition
 
+from pipeline import settings
+from pipeline.examples.copier import app as copier
 from pipeline.lifecycle import Phase
-from pipeline.task import PartitionDropped, PartitionTask, TransactionAborted
+from pipeline.runner import Runner
+from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
 from pipeline.transaction import Transaction
 from tests.unit.test_task_protocol import (
     ABORTABLE,
@@ -17,6 +21,9 @@ from tests.unit.test_task_protocol import (
     FENCED,
     GROUP_METADATA,
     INPUT,
+    Calls,
+    FakeMessage,
+    FakeProducer,
     Harness,
     kafka_exception,
     msg,
@@ -108,3 +115,47 @@ def test_per_partition_mode_keeps_a_producer_and_a_transaction_per_partition() -
     h = Harness()
     p0, p1 = PartitionTask(h.ctx, 0), PartitionTask(h.ctx, 1)
     assert p0.txn is not p1.txn and len(h.producers) == 2
+
+
+def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed_over() -> None:
+    """Turn 1: p1 processes offset 10. Turn 2 polled p0@10 and p1@11; p0's produce fails (abortable), the abort rewinds
+    p1 to 10 as well, and p1@11, polled before that seek, must not be processed (it would skip offset 10)."""
+    calls = Calls()
+    consumer = SeekingConsumer()
+    runner = Runner(copier, settings.load(env={}, bootstrap_servers="unused:9092", app_id="unit",
+                                          producers="per_process"))
+    runner._make_producer = lambda txn_id: FakeProducer(calls, txn_id)  # type: ignore[method-assign]
+    runner.consumer = consumer  # type: ignore[assignment]
+    runner.ctx = TaskContext(copier, runner.settings, "unit", copier.input_topic, copier.output_topic, "cl", "dlq",
+                             consumer, runner._make_producer, runner.metrics,  # type: ignore[arg-type]
+                             shared_transaction=runner._process_transaction)
+    runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
+    runner._dispatch([FakeMessage(10, b"k", b"v", partition=1)])  # type: ignore[list-item]
+    runner._process_transaction().producer.fail("produce", kafka_exception(**ABORTABLE))
+    runner._dispatch([FakeMessage(10, b"k", b"v", partition=0), FakeMessage(11, b"k", b"v", partition=1)])  # type: ignore[list-item]
+    assert sorted(consumer.seeks) == [(0, 10), (1, 10)]
+    assert (runner.tasks[0].next_offset, runner.tasks[1].next_offset) == (10, 10)
+    assert [r["value"] for r in calls.produced()] == [b"v", b"v"]  # p1@10, then p0@10 that failed: nothing else
+
+
+class SeekingConsumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[int, int]] = []
+
+    def committed(self, tps, timeout=None):
+        return [TopicPartition(tp.topic, tp.partition, 10) for tp in tps]
+
+    def incremental_assign(self, tps) -> None:
+        pass
+
+    def seek(self, tp) -> None:
+        self.seeks.append((tp.partition, tp.offset))
+
+    def pause(self, tps) -> None:
+        pass
+
+    def resume(self, tps) -> None:
+        pass
+
+    def consumer_group_metadata(self) -> object:
+        return GROUP_METADATA
