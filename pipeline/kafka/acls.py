@@ -74,7 +74,8 @@ class Names:
 
     @property
     def transactional_id_prefix(self) -> str:
-        """Every transactional id of the service starts with it: `<app_id>.<input topic>.<partition>`."""
+        """Every transactional id of the service starts with it: `<app_id>.<input topic>.<partition>`
+        (PRODUCERS=per_partition) or `<app_id>.<input topic>.process-<instance id or random>` (per_process)."""
         return f"{self.app_id}."
 
 
@@ -98,7 +99,8 @@ def pipeline_acls(n: Names, *, stateful: bool = True, exactly_once: bool = True,
     ]
     if exactly_once:
         acls.append(Acl("transactional-id", n.transactional_id_prefix, ("WRITE", "DESCRIBE"),
-                        "one transactional producer per input partition, named app_id.input_topic.partition",
+                        "the transactional producers, named app_id.input_topic.<partition> (PRODUCERS=per_partition) "
+                        "or app_id.input_topic.process-<id> (per_process)",
                         prefixed=True))
     if create_internal_topics:
         internal = (n.changelog, n.snapshots, n.dead_letters) if stateful else (n.dead_letters,)
