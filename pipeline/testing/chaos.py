@@ -7,6 +7,11 @@ A run that does not converge in time says so, with the partitions that stayed be
 
 Process faults need only a broker. Broker faults (`broker-kill`, `broker-pause`) need the local 3-node cluster
 (`deploy/local/kafka.sh --cluster start`), because something must be able to kill and pause a broker.
+
+With the PostgreSQL sink (`--sink postgres --dsn ...`, or PIPELINE_SINK=postgres as for `pipeline run`) each run
+writes to a fresh schema `chaos_<id>` of that database (dropped after a clean verdict, kept to look at otherwise),
+waits for the offsets table to reach the input's end and asks the table checker; `aborts` (Kafka transactions) does
+not apply.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from confluent_kafka import Producer
 
 from pipeline.app import App
 from pipeline.loading import load_app
-from pipeline.testing import checker, inputs
+from pipeline.postgres.sink import Target
+from pipeline.testing import checker, inputs, postgres_checker
 from pipeline.testing.drain import Observer, observe
 from pipeline.testing.harness import (
     FAST_FAILOVER,
@@ -67,6 +73,7 @@ class FaultRun:
     client_config: dict[str, str] = field(default_factory=dict)
     service_config: dict[str, str] = field(default_factory=dict)
     log_level: str | None = None  # the processes' `pipeline --log-level`
+    postgres_dsn: str | None = None  # SINK=postgres: each run writes to a fresh schema of this database
     fleet: Fleet | None = None
     observer: Observer | None = None
     _feeder: threading.Thread | None = None
@@ -74,19 +81,21 @@ class FaultRun:
     def __post_init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.app_id, self.input_topic, self.output_topic = f"chaos-{suffix}", f"in-{suffix}", f"out-{suffix}"
+        self.tables = postgres_checker.Tables(self.postgres_dsn, f"chaos_{suffix}") if self.postgres_dsn else None
         inputs.create_topics(self.bootstrap, {self.input_topic: self.partitions, self.output_topic: self.partitions},
                              replication=self.replication, extra_config=self.client_config)
 
     def start(self, instances: int) -> Fleet:
         """Starts `instances` pipeline processes (a second call adds them to the same fleet) and the observer."""
         env = {"PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic,
-               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **kafka_env(self.service_config), **self.env}
+               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **kafka_env(self.service_config),
+               **(self.tables.env() if self.tables else {"PIPELINE_SINK": "kafka"}), **self.env}
         if self.fleet is None:
             if group_protocol(env) == "consumer":
                 set_group_failover(self.bootstrap, self.app_id, self.client_config)
             self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id, self.log_level)
         self.fleet.start(instances)
-        if self.observer is None:
+        if self.observer is None and self.tables is None:
             self.observer = observe(self.bootstrap, self.output_topic, extra_config=self.client_config)
         return self.fleet
 
@@ -99,6 +108,8 @@ class FaultRun:
     def finish(self, timeout_s: float = 120) -> Outcome:
         if self._feeder:
             self._feeder.join(timeout_s)
+        if self.tables is not None:
+            return self._finish_tables(self.tables, timeout_s)
         lag = wait_caught_up(self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s,
                              self.client_config)
         self.fleet.stop_all()
@@ -111,6 +122,21 @@ class FaultRun:
                                  extra_config=self.client_config)
         phantoms = observer_subset_of_final(observed, verdict)
         return Outcome(verdict, {}, phantoms, self.fleet.logs())
+
+    def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
+        """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""
+        target = Target(tables.schema, self.app, self.app_id, self.input_topic)
+        lag = postgres_checker.wait_caught_up(self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s,
+                                              self.client_config)
+        self.fleet.stop_all()
+        if lag:
+            return Outcome(None, lag, [], self.fleet.logs())
+        verdict = postgres_checker.verify_tables(self.app, self.bootstrap, tables.dsn, schema=tables.schema,
+                                                 input_topic=self.input_topic, app_id=self.app_id,
+                                                 extra_config=self.client_config)
+        if verdict.ok:
+            tables.drop()
+        return Outcome(verdict, {}, [], self.fleet.logs())
 
     def abandon(self) -> None:
         if self.fleet:
@@ -228,6 +254,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("broker-pause", "SIGSTOP a broker of the 3-node cluster, SIGCONT it", _broker_pause, needs_cluster=True),
 )}
 PROCESS_FAULTS = [name for name, f in FAULTS.items() if not f.needs_cluster]
+KAFKA_ONLY_FAULTS = ("aborts",)  # the PostgreSQL sink has no Kafka transaction to abort
 
 
 # -- a whole chaos session --------------------------------------------------------------------------------------------
@@ -241,9 +268,11 @@ class Profile:
 
 
 def run_fault(fault: Fault, app: App, app_spec: str, bootstrap: str, profile: Profile, seed: int,
-              records: Sequence[ProducedRecord], log_dir: Path, replication: int = 1) -> Outcome:
+              records: Sequence[ProducedRecord], log_dir: Path, replication: int = 1,
+              postgres_dsn: str | None = None) -> Outcome:
     rng = random.Random(f"{seed}-{fault.name}")
-    run = FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir, dict(fault.env), replication)
+    run = FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir, dict(fault.env), replication,
+                   postgres_dsn=postgres_dsn)
     try:
         run.feed(records, profile.seconds)
         fleet = run.start(profile.instances)
@@ -282,13 +311,34 @@ def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
     return "\n".join(lines)
 
 
+def _sink_and_faults(parser: argparse.ArgumentParser,
+                     args: argparse.Namespace) -> tuple[postgres_checker.Tables | None, list[str]]:
+    """The sink (None: Kafka), chosen as `pipeline run` chooses it, and the faults that apply to it."""
+    try:
+        tables = postgres_checker.chosen_tables(args.sink, args.dsn, None)
+    except ValueError as e:  # ConfigError: SINK=postgres without a DSN, say
+        parser.error(str(e))
+    applicable = [n for n in PROCESS_FAULTS if not (tables and n in KAFKA_ONLY_FAULTS)]
+    names = (args.faults.split(",") if args.faults else applicable) + \
+        (["broker-kill", "broker-pause"] if args.cluster else [])
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        parser.error(f"unknown faults {unknown}")
+    if tables and (args.profile == "soak" or any(n in KAFKA_ONLY_FAULTS for n in names)):
+        parser.error(f"with the PostgreSQL sink: no {', '.join(KAFKA_ONLY_FAULTS)}, no --profile soak")
+    return tables, names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("app", help="MODULE:ATTR of your App")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--faults", default=",".join(PROCESS_FAULTS),
-                        help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault)")
+    parser.add_argument("--faults", help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault "
+                        "that applies to the sink)")
+    parser.add_argument("--sink", choices=["kafka", "postgres"],
+                        help="the service's sink: default PIPELINE_SINK, as for `pipeline run` (else kafka)")
+    parser.add_argument("--dsn", help="PostgreSQL sink: the database (default PIPELINE_POSTGRES_DSN)")
     parser.add_argument("--cluster", action="store_true",
                         help="run against the local 3-node cluster and add the broker faults")
     parser.add_argument("--profile", choices=["ci", "long", "soak"], default="ci",
@@ -302,10 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
 
     profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
-    names = args.faults.split(",") + (["broker-kill", "broker-pause"] if args.cluster else [])
-    unknown = [n for n in names if n not in FAULTS]
-    if unknown:
-        parser.error(f"unknown faults {unknown}")
+    tables, names = _sink_and_faults(parser, args)
     if args.profile == "soak":  # imported here: the soak builds on this module's FaultRun and FAULTS
         from pipeline.testing import soak
 
@@ -329,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         print(f"[chaos] {name}: {FAULTS[name].description} ...", flush=True)
         outcome = run_fault(FAULTS[name], app, args.app, bootstrap, profile, args.seed, records,
-                            Path(args.log_dir), replication)
+                            Path(args.log_dir), replication, tables.dsn if tables else None)
         rows.append((FAULTS[name], outcome, time.monotonic() - started))
         if not outcome.ok:
             print(outcome.logs[-4000:], file=sys.stderr)

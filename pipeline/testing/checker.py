@@ -1,4 +1,6 @@
-"""`pipeline verify MODULE:ATTR`: drain what a finished run left in Kafka, and let the oracle judge it.
+"""`pipeline verify MODULE:ATTR`: drain what a finished run left in Kafka, and let the oracle judge it. A run of the
+PostgreSQL sink (`--sink postgres`, or PIPELINE_SINK=postgres as for `pipeline run`) is judged from its tables by the
+same oracle (pipeline/testing/postgres_checker.py).
 
 The two halves live apart on purpose: pipeline.testing.drain reads Kafka (read_committed, group offsets, changelog
 checkpoints) into plain data; pipeline.testing.oracle folds the input offline and checks that plain data, without
@@ -13,11 +15,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
 from confluent_kafka import KafkaException
 
 from pipeline.app import App
 from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout
 from pipeline.loading import load_app
+from pipeline.testing import postgres_checker
 from pipeline.testing.drain import Topics, drain_run
 from pipeline.testing.oracle import Verdict, check
 
@@ -56,8 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     could not be checked (a topic not readable to its end, the broker not answering, a bad app path)."""
     args = _parser().parse_args(_without_command(argv if argv is not None else sys.argv[1:]))
     try:
-        verdict = verify(
-            load_app(args.app),
+        app = load_app(args.app)
+        tables = postgres_checker.chosen_tables(args.sink, args.dsn, args.schema, args.config)
+        verdict = postgres_checker.verify_tables(
+            app, args.bootstrap_servers, tables.dsn, schema=tables.schema, input_topic=args.input_topic,
+            app_id=args.group_id, timeout_s=args.timeout,
+        ) if tables else verify(
+            app,
             args.bootstrap_servers,
             input_topic=args.input_topic,
             output_topic=args.output_topic,
@@ -66,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             group_id=args.group_id,
             timeout_s=args.timeout,
         )
-    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, ValueError, TypeError) as e:
+    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, ValueError, TypeError,
+            psycopg.Error) as e:
         print(f"pipeline verify: could not check: {e}", file=sys.stderr)
         return 2
     print(verdict.to_json() if args.json else verdict.summary())
@@ -85,7 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-topic")
     parser.add_argument("--dead-letter-topic")
     parser.add_argument("--changelog-topic")
-    parser.add_argument("--group-id", help="default: the app's name")
+    parser.add_argument("--group-id", help="the app id (consumer group; the PostgreSQL rows' app_id); default: the "
+                        "app's name")
+    parser.add_argument("--sink", choices=["kafka", "postgres"],
+                        help="where the run wrote: default PIPELINE_SINK, as for `pipeline run` (else kafka)")
+    parser.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`: the sink, "
+                        "POSTGRES_DSN, POSTGRES_SCHEMA")
+    parser.add_argument("--dsn", help="PostgreSQL sink: the database (default PIPELINE_POSTGRES_DSN)")
+    parser.add_argument("--schema", help="PostgreSQL sink: the schema (default PIPELINE_POSTGRES_SCHEMA, else public)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per drain (default 60)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     return parser

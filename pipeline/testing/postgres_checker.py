@@ -10,7 +10,8 @@ checks apply:
   (running totals: `totals` = the offline fold);
 - pipeline_offsets.next_offset of p is 1 + p's last input offset (the group offsets are not checked: monitoring only).
 
-    python -m pipeline.testing.postgres_checker pipeline.examples.running_totals_pg:app --dsn ... --schema ...
+    pipeline verify pipeline.examples.running_totals_pg:app --sink postgres --dsn ... --schema ...
+    (or with PIPELINE_SINK=postgres and PIPELINE_POSTGRES_DSN set, as for `pipeline run`)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pipeline.loading import load_app
 from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.postgres.sink import StoredOutput, Target, sink_of
 from pipeline.provenance import SOURCE_HEADER, encode_source
+from pipeline.settings import Settings
 from pipeline.testing.drain import drain_topic
 from pipeline.testing.oracle import (
     KafkaRecord,
@@ -190,6 +192,31 @@ def wait_caught_up(
         if not lag or time.monotonic() > deadline:
             return lag
         time.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Where a PostgreSQL-sink run writes: the database and the schema."""
+
+    dsn: str
+    schema: str
+
+    def env(self) -> dict[str, str]:
+        """What `pipeline run` processes need to write here."""
+        return {"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": self.dsn, "PIPELINE_POSTGRES_SCHEMA": self.schema}
+
+    def drop(self) -> None:
+        with psycopg.connect(self.dsn, connect_timeout=10, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+
+
+def chosen_tables(sink: str | None, dsn: str | None, schema: str | None,
+                  config_file: str | None = None) -> Tables | None:
+    """The sink a run writes to, decided as `pipeline run` decides it: the option, else PIPELINE_SINK (environment or
+    config file), else kafka. None for the Kafka sink; for PostgreSQL the DSN and schema, from the options or the
+    same settings. Raises ConfigError (e.g. SINK=postgres without a DSN)."""
+    settings = Settings.load(config_file, sink=sink, postgres_dsn=dsn, postgres_schema=schema)
+    return Tables(settings.postgres_dsn, settings.postgres_schema) if settings.sink == "postgres" else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

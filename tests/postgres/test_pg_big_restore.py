@@ -4,6 +4,7 @@ membership although the restore lasts longer than max.poll.interval.ms, and the 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -17,13 +18,14 @@ from pipeline.postgres import worker
 from pipeline.postgres.runner import PgRunner
 from pipeline.postgres.schema import STATE, ensure_schema
 from pipeline.postgres.sink import Target
-from pipeline.testing import inputs, postgres_checker
+from pipeline.testing import checker, inputs, postgres_checker
 from tests.integration.test_restore import running
 from tests.plugins.postgres import connect
 from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
 BULK_ROWS = 1_000_000
+TOTALS_PG = "pipeline.examples.running_totals_pg:app"
 BULK_PREFIX = "bulk-"  # keys no input record has: the checker's reference never sees them
 
 
@@ -53,7 +55,7 @@ def bulk_state(dsn: str, schema: str, target: Target, partition: int) -> None:
 
 
 def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exactly_once(
-        kafka_bootstrap, postgres_dsn, pg_schema, slow_pages):
+        kafka_bootstrap, postgres_dsn, pg_schema, slow_pages, monkeypatch, capsys):
     """A second member joins while p is restoring: the group's rebalance needs the first member to rejoin within
     max.poll.interval.ms (the rebalance time-out), which it can only do between polls. A restore that kept the poll
     thread (or the assignment callback) for longer loses p to the rebalance."""
@@ -84,6 +86,10 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
         deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE key LIKE %s").format(STATE.ident(pg_schema)),
                                (BULK_PREFIX + "%",)).rowcount
     assert deleted == BULK_ROWS
-    verdict = postgres_checker.verify_tables(totals_pg, kafka_bootstrap, postgres_dsn, schema=pg_schema,
-                                             input_topic=topic, app_id=app_id)
-    assert verdict.ok and verdict.outputs == 2_000, verdict.summary()
+    # `pipeline verify` picks the table checker from the settings `pipeline run` reads (PIPELINE_SINK).
+    for name, value in (("SINK", "postgres"), ("POSTGRES_DSN", postgres_dsn), ("POSTGRES_SCHEMA", pg_schema)):
+        monkeypatch.setenv(f"PIPELINE_{name}", value)
+    exit_code = checker.main([TOTALS_PG, "--bootstrap-servers", kafka_bootstrap, "--input-topic", topic,
+                              "--group-id", app_id, "--json"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert exit_code == 0 and verdict["ok"] and verdict["counts"]["outputs"] == 2_000, verdict
