@@ -260,12 +260,13 @@ def supervise(args: argparse.Namespace, settings: Settings, stop_requested: thre
         port = settings.metrics_port
         health = HealthServer(metrics, is_ready, port).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", args.workers, args.app, port or "none")
+        code: int | None = None
         try:
             supervisor.start()
             code = _watch(supervisor, stop_requested)
+        finally:  # whatever ended the watch, no worker outlives the supervisor
             supervisor.stop()
             _wait_stopped(supervisor, kill_requested)
-        finally:
             if health:
                 health.stop()
     if code is not None:
@@ -288,9 +289,14 @@ def _watch(supervisor: Supervisor, stop_requested: threading.Event) -> int | Non
 
 
 def _wait_stopped(supervisor: Supervisor, kill_requested: threading.Event) -> None:
+    """Until every worker exited; as long as it takes (a worker commits, may publish snapshots), unless a second
+    signal asks for SIGKILL. An orchestrator's own time-out (Kubernetes' grace period, systemd's TimeoutStopSec)
+    ends it the same way."""
+    killed = False
     while supervisor.running():
-        if kill_requested.is_set():
+        if kill_requested.is_set() and not killed:
             supervisor.kill()
+            killed = True
         supervisor.check()
         time.sleep(0.05)
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from pipeline.workers import (
     Slot,
     Supervisor,
     WorkerMetrics,
+    _wait_stopped,
     describe_exit,
     restart_delay,
     worker_command,
@@ -213,3 +215,18 @@ def test_pipeline_run_workers_rejects_a_bad_app_before_starting_any() -> None:
     result = subprocess.run([sys.executable, "-m", "pipeline", "run", "--workers", "2", "no.such.module:app"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "worker" not in result.stderr
+
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+
+
+def test_a_second_signal_kills_workers_that_do_not_stop() -> None:
+    supervisor = Supervisor(1, [sys.executable, "-c", STUBBORN], lambda slot: dict(os.environ),
+                            spawn=lambda command, env: subprocess.Popen(command, env=env, stdout=subprocess.PIPE))
+    supervisor.start()
+    assert supervisor.slots[0].process.stdout.readline() == b"up\n"  # it ignores SIGTERM from now on
+    supervisor.stop()
+    second_signal = threading.Event()
+    second_signal.set()
+    _wait_stopped(supervisor, second_signal)
+    assert supervisor.unclean == ["worker 0: killed by SIGKILL"]
