@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import ItemsView, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -108,8 +108,14 @@ def write_snapshot(producer: Producer, *, app_id: str, snapshot_topic: str, chan
     """Produces the snapshot of `entries` (sorted here: chunks are deterministic) covering the changelog below
     `changelog_offset` into the open transaction and returns its manifest. The caller commits. `entries` must not
     be empty (an empty state needs no snapshot: its changelog fold is empty too)."""
-    items = sorted(entries)
-    if not items:
+    if isinstance(entries, ItemsView):  # a state's own view (PartitionState.encoded_items): its keys are sorted,
+        # 8 bytes each, not a list of (key, value) tuples (72 bytes each: +650 MB at shutdown for 9 M keys)
+        mapping = entries.mapping
+        keys = sorted(mapping)
+        items: Iterable[tuple[str, bytes]] = zip(keys, map(mapping.__getitem__, keys), strict=True)
+    else:
+        keys = items = sorted(entries)
+    if not keys:
         raise ValueError("an empty state has no snapshot to write")
     sid = snapshot_id(app_id, partition, f"in-process:{base.snapshot_id if base else '-'}",
                       base.changelog_offset if base else 0, changelog_offset)

@@ -116,8 +116,10 @@ class PartitionState(MutableMapping[str, Any]):
             else:
                 data[key] = value
 
-    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
-        return iter(self._data.items())
+    def encoded_items(self) -> Iterable[tuple[str, bytes]]:
+        """The dict's items view, not a copy: the snapshot writer sorts the keys of its mapping rather than a list of
+        (key, value) tuples."""
+        return self._data.items()
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _remember(self, key: str) -> None:

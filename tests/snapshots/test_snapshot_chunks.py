@@ -186,3 +186,19 @@ def test_write_snapshot_writes_chunks_then_the_manifest_that_describes_them():
     with pytest.raises(ValueError):
         write_snapshot(producer, app_id="app", snapshot_topic=TOPIC, changelog_topic="app-changelog", partition=0,
                        entries=[], changelog_offset=100, input_offset=42, base=None, timeout_s=1)
+
+
+def test_write_snapshot_from_a_state_view_writes_the_chunks_of_its_sorted_items():
+    # A state's items view has its keys sorted (not a list of tuples: the shutdown snapshot's peak memory); the
+    # chunks must be the very ones the sorted (key, value) list gives.
+    state = dict(reversed(entries().items()))
+    written = {}
+    for kind, given in (("view", state.items()), ("list", list(state.items()))):
+        producer = FakeProducer()
+        write_snapshot(producer, app_id="app", snapshot_topic=TOPIC, changelog_topic="app-changelog", partition=0,
+                       entries=given, changelog_offset=100, input_offset=42, base=None, timeout_s=1, chunk_bytes=1_000)
+        written[kind] = [(m.key(), m.value()) for m in producer.records[:-1]]
+    assert written["view"] == written["list"] and len(written["view"]) > 1
+    with pytest.raises(ValueError):
+        write_snapshot(producer, app_id="app", snapshot_topic=TOPIC, changelog_topic="app-changelog", partition=0,
+                       entries={}.items(), changelog_offset=100, input_offset=42, base=None, timeout_s=1)
