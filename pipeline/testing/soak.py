@@ -213,7 +213,7 @@ class SparedFleet:
 
 @dataclass
 class SoakResult:
-    outcome: chaos.Outcome
+    outcome: chaos.Outcome | None  # None: the checker could not run (said in `problems`)
     growths: list[Growth]
     problems: list[str]  # growth, and faults that could not be injected
     faults: Counter[str]
@@ -224,7 +224,7 @@ class SoakResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome.ok and not self.problems
+        return self.outcome is not None and self.outcome.ok and not self.problems
 
 
 def strike(fleet: Fleet, profile: SoakProfile, rng: random.Random, started: float) -> tuple[Counter[str], list[str]]:
@@ -263,7 +263,11 @@ def run_soak(app: App, app_spec: str, bootstrap: str, profile: SoakProfile, seed
         struck, fault_errors = strike(fleet, profile, random.Random(f"{seed}-soak"), started)
         series = sampler.stop()  # before the fleet stops: its shutdown is not part of the soak
         load_after, seconds = os.getloadavg(), time.monotonic() - started
-        outcome = run.finish(timeout_s=600)
+        write_samples(series, log_dir / run.app_id / "soak-samples.csv")
+        try:  # the growth verdict is reported whatever happens to the checker
+            outcome = run.finish(timeout_s=600)
+        except Exception as e:  # e.g. a drain that did not reach the end in time
+            outcome, fault_errors = None, [*fault_errors, f"the checker could not run: {e!r}"]
     finally:
         if sampler is not None:
             sampler.stop()
@@ -273,12 +277,25 @@ def run_soak(app: App, app_spec: str, bootstrap: str, profile: SoakProfile, seed
                       load_after)
 
 
+def write_samples(series: dict[str, Series], path: Path) -> None:
+    """Every sample as CSV (instance, seconds into its life, RSS bytes, open fds): to plot or to judge again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as out:
+        out.write("instance,at_s,rss_bytes,fds\n")
+        for name, one in series.items():
+            out.writelines(f"{name},{s.at_s:.1f},{s.rss_bytes},{s.fds}\n" for s in one.samples)
+
+
 def report(result: SoakResult) -> str:
-    outcome, verdict = result.outcome, result.outcome.verdict
+    outcome = result.outcome
+    verdict = outcome.verdict if outcome else None
     faults = ", ".join(f"{name} {count}" for name, count in result.faults.items())
-    checked = (f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
-               f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state"
-               if verdict else f"checker: STUCK, lag per partition {outcome.stuck}")
+    if verdict is not None:
+        checked = (f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
+                   f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state, "
+                   f"{len(outcome.phantoms)} phantom reads")
+    else:
+        checked = f"checker: STUCK, lag per partition {outcome.stuck}" if outcome else "checker: did not run"
     lines = [f"soak {'OK' if result.ok else 'FAIL'}: {result.records} records over {result.seconds / 60:.1f} min, "
              f"{sum(result.faults.values())} faults ({faults}); load average "
              f"{' '.join(f'{x:.2f}' for x in result.load_before)} -> {' '.join(f'{x:.2f}' for x in result.load_after)}",
@@ -296,7 +313,7 @@ def main(app: App, app_spec: str, bootstrap: str, seed: int, log_dir: Path, prof
     print(f"[soak] {profile.records} records over {profile.minutes:g} min, a fault every "
           f"{profile.fault_every_s:g} s ({', '.join(profile.rotation)}), {profile.instances} instances", flush=True)
     result = run_soak(app, app_spec, bootstrap, profile, seed, log_dir)
-    if not result.outcome.ok:
+    if result.outcome is not None and not result.outcome.ok:
         print(result.outcome.logs[-4000:], file=sys.stderr)
     print(report(result))
     return 0 if result.ok else 1

@@ -6,10 +6,23 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 
 from pipeline.testing.harness import Fleet, Instance
-from pipeline.testing.soak import MIB, GrowthRule, Sample, Sampler, Series, growth_verdict, judge, read_process
+from pipeline.testing.soak import (
+    MIB,
+    GrowthRule,
+    Sample,
+    Sampler,
+    Series,
+    SoakResult,
+    growth_verdict,
+    judge,
+    read_process,
+    report,
+    write_samples,
+)
 
 EVERY_S = 5
 
@@ -96,3 +109,18 @@ def test_the_sampler_keeps_one_series_per_instance_lifetime(tmp_path) -> None:
 def _sleeping(fleet: Fleet, name: str) -> Instance:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     return Instance(name, process, fleet.log_dir / f"{name}.log")
+
+
+def test_the_report_and_the_samples_file_say_what_was_judged_even_without_a_checker_verdict(tmp_path) -> None:
+    leaking = series("instance-1", 31, lambda t: 90 + 1.5 * t / 60, lambda t: 40)
+    short = series("instance-2", 5, lambda t: 90, lambda t: 40)
+    growths, problems = growth_verdict({"instance-1": leaking, "instance-2": short})
+    result = SoakResult(None, growths, ["the checker could not run: TimeoutError()", *problems],
+                        Counter(sigkill=16, zombie=15), 1_000_000, 1860.0, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    text = report(result)
+    assert text.startswith("soak FAIL: 1000000 records over 31.0 min, 31 faults (sigkill 16, zombie 15)")
+    assert "checker: did not run" in text and "instance-1: RSS grew" in text
+    assert "instance-2" in text.split("RSS grew")[0]  # listed, not judged
+    write_samples({"instance-1": leaking, "instance-2": short}, tmp_path / "run" / "soak-samples.csv")
+    lines = (tmp_path / "run" / "soak-samples.csv").read_text().splitlines()
+    assert lines[0] == "instance,at_s,rss_bytes,fds" and len(lines) == 1 + len(leaking.samples) + len(short.samples)
