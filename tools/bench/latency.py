@@ -15,6 +15,7 @@ between 10 % and 90 % of the records.
     python -m tools.bench.latency --only eos@100,alo@100 --loads 50 --seconds 20
     python -m tools.bench.latency --trees before=/tmp/before,after=.   # the same cells, code trees alternating
     python -m tools.bench.latency --max-rate eos@100=60000         # skip measuring the maximum of a cell
+    python -m tools.bench.latency --only eos@100 --producers per_partition,per_process   # both PRODUCERS, alternating
 
 A code tree is a checkout whose `pipeline` package the pipeline process imports (PYTHONPATH): compare two commits
 with `git worktree add /tmp/before <commit>`. Results: BENCHMARKS.md.
@@ -79,6 +80,7 @@ class Result:
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and at the end
     error: str = ""
     metric: str = "-"  # the pipeline's own pipeline_end_to_end_latency_seconds{record="first"} in the window
+    producers: str = ""  # PRODUCERS of the pipeline process ("": its default)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies_ms:
@@ -276,12 +278,12 @@ class Bench:
                 reader.close()
 
     def latency(self, tree: Path, tree_name: str, cell: Cell, rate: int, seconds: float,
-                warmup_s: float) -> Result:
-        result = Result(tree_name, cell, rate, load=(os.getloadavg()[0], 0.0))
+                warmup_s: float, producers: str = "") -> Result:
+        result = Result(tree_name, cell, rate, load=(os.getloadavg()[0], 0.0), producers=producers)
+        env = {**self.extra_env, "PIPELINE_PRODUCERS": producers} if producers else self.extra_env
         with self.topics(tree_name, cell) as (app_id, in_topic, out_topic):
             reader = Reader(self.bootstrap, out_topic)
-            pipeline = Pipeline.start(tree, self.bootstrap, app_id, (in_topic, out_topic), cell, self.extra_env,
-                                      self.log_dir)
+            pipeline = Pipeline.start(tree, self.bootstrap, app_id, (in_topic, out_topic), cell, env, self.log_dir)
             try:
                 self._wait_ready(pipeline, reader, in_topic)
                 window_start = time.time() + warmup_s  # the producer's start-up counts as warm-up
@@ -399,7 +401,9 @@ def parse_rates(spec: Sequence[str]) -> dict[str, float]:
 
 
 def run(bench: Bench, trees: Mapping[str, Path], chosen: Sequence[Cell], max_rates: dict[str, float],
-        seconds: float, warmup_s: float, repeat: int, floor: bool) -> list[Result]:
+        seconds: float, warmup_s: float, repeat: int, floor: bool, producers: Sequence[str] = ("",)) -> list[Result]:
+    """The maximum of a cell is measured with the last tree and the pipeline's default PRODUCERS; every tree and
+    PRODUCERS value then runs at the same rate."""
     results = []
     max_tree = list(trees)[-1]
     for cell in chosen:
@@ -410,9 +414,10 @@ def run(bench: Bench, trees: Mapping[str, Path], chosen: Sequence[Cell], max_rat
         rate = int(max_rates[cell.key] * cell.load_percent / 100)
         for _ in range(repeat):
             for name, tree in trees.items():  # alternating, so that a burst of load elsewhere hits every tree alike
-                result = bench.latency(tree, name, cell, rate, seconds, warmup_s)
-                print(row(result), file=sys.stderr, flush=True)
-                results.append(result)
+                for mode in producers:
+                    result = bench.latency(tree, name, cell, rate, seconds, warmup_s, mode)
+                    print(row(result), file=sys.stderr, flush=True)
+                    results.append(result)
             if floor:
                 results.append(bench.floor(cell, rate, seconds, warmup_s))
                 print(row(results[-1]), file=sys.stderr, flush=True)
@@ -425,7 +430,8 @@ def _ms(value: float | None) -> str:
 
 def row(r: Result) -> str:
     c = r.cell
-    return (f"| {r.tree} | {GUARANTEES[c.guarantee]} | {c.interval_ms} ms | {c.load_percent} % ({r.rate:,}/s) "
+    code = f"{r.tree} ({r.producers})" if r.producers else r.tree
+    return (f"| {code} | {GUARANTEES[c.guarantee]} | {c.interval_ms} ms | {c.load_percent} % ({r.rate:,}/s) "
             f"| {len(r.latencies_ms):,} | {_ms(r.percentile(0.5))} | {_ms(r.percentile(0.99))} "
             f"| {_ms(r.percentile(0.999))} | {_ms(max(r.latencies_ms, default=None))} | {r.missing:,} "
             f"| {r.metric} | {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else ""))
@@ -457,6 +463,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="maximum throughput of a cell, e.g. eos@100=60000 (skips measuring it)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment of the pipeline process, e.g. PIPELINE_GROUP_PROTOCOL=consumer")
+    parser.add_argument("--producers", default="", help="PRODUCERS values of the pipeline, comma-separated, "
+                        "alternating per cell like the trees, e.g. per_partition,per_process (default: its default)")
     parser.add_argument("--floor", action="store_true", help="after each cell, the producer and reader alone (no "
                         "pipeline) at the same rate: the machine's and the measurement's share")
     parser.add_argument("--log-level", default="warning")
@@ -473,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="latency-") as log_dir:
         bench = Bench(args.bootstrap_servers, Path(log_dir), extra_env)
+        producers = [p.strip() for p in args.producers.split(",") if p.strip()] or [""]
         results = run(bench, parse_trees(args.trees), chosen, max_rates, args.seconds, args.warmup,
-                      max(1, args.repeat), args.floor)
+                      max(1, args.repeat), args.floor, producers)
     print(table(results, max_rates))
     print(f"\n(bench took {time.monotonic() - started:.0f}s)", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0

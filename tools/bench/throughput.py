@@ -18,6 +18,7 @@ the first record processed to the last one, and prints the top functions by cumu
     python -m tools.bench                      # whole matrix + profile (~4 min on 2 cores)
     python -m tools.bench --quick              # fewer records: a smoke run
     python -m tools.bench --only copier,100ms,eos,raw --records 50000
+    python -m tools.bench --only copier,100ms --producers per_partition,per_process   # both PRODUCERS, interleaved
     python -m tools.bench --overhead           # the framework's cost per record without a broker (seconds, stable)
 """
 
@@ -35,6 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -44,7 +46,7 @@ from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
 from pipeline.metrics import Metrics
 from pipeline.runner import Runner
-from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE
+from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
 from pipeline.testing.inputs import create_topics, produce_copier, produce_running_totals
 from tools.bench import overhead
 
@@ -55,6 +57,8 @@ WORKLOADS: dict[str, App] = {"copier": copier.app, "running_totals": running_tot
 SIZES: dict[str, int] = {"100B": 100, "1KB": 1024}
 INTERVALS: dict[str, int] = {"100ms": 100, "1s": 1000}
 MODES: dict[str, str | None] = {"raw": None, "alo": AT_LEAST_ONCE, "eos": EXACTLY_ONCE}
+PRODUCERS = (PER_PARTITION, PER_PROCESS)
+PER_PROCESS_SUFFIX = "-per_process"  # "eos-per_process": the Runner mode with PRODUCERS=per_process
 DEFAULT_RECORDS: dict[int, int] = {100: 400_000, 1024: 150_000}
 QUICK_RECORDS: dict[int, int] = {100: 20_000, 1024: 8_000}
 PROFILE_RECORDS = 100_000
@@ -178,8 +182,18 @@ class Worker:
             log.warning("%s still running %.0fs after stop", self._thread.name, timeout_s)
 
 
-def measure(progress: Callable[[], int], total: int, worker: Worker, timeout_s: float) -> Result:
-    """Samples progress until it reaches total; the rate counts only what was processed after the first sample > 0."""
+class Liveness(Protocol):
+    """What measure() watches while it samples: a Worker thread, or a process (tools/bench/partitions.py)."""
+
+    error: BaseException | str | None
+
+    def alive(self) -> bool: ...
+
+
+def measure(progress: Callable[[], int], total: int, worker: Liveness, timeout_s: float,
+            sample_s: float = SAMPLE_S) -> Result:
+    """Samples progress every sample_s until it reaches total; the rate counts only what was processed after the first
+    sample > 0."""
     deadline = time.monotonic() + timeout_s
     first: tuple[float, int] | None = None
     while True:
@@ -192,7 +206,7 @@ def measure(progress: Callable[[], int], total: int, worker: Worker, timeout_s: 
             raise BenchError(f"worker stopped at {count}/{total}: {worker.error!r}")
         if now > deadline:
             raise BenchError(f"timeout after {timeout_s:.0f}s at {count}/{total}")
-        time.sleep(SAMPLE_S)
+        time.sleep(sample_s)
     assert first is not None
     elapsed = now - first[0]
     if elapsed <= 0:
@@ -287,8 +301,9 @@ def make_runner(run: Run, app: App | None = None) -> Runner:
         app_id=run.run_id,
         input_topic=run.input_topic,
         output_topic=run.output_topic,
-        processing_guarantee=MODES[run.mode],
+        processing_guarantee=MODES[base_mode(run.mode)],
         commit_interval_ms=run.cell.commit_interval_ms,
+        producers=PER_PROCESS if run.mode.endswith(PER_PROCESS_SUFFIX) else PER_PARTITION,
     )
     return Runner(app or WORKLOADS[run.cell.workload], settings)
 
@@ -302,6 +317,20 @@ def run_runner(run: Run, timeout_s: float, app: App | None = None) -> Result:
     finally:
         runner.stop()
         worker.join(STOP_TIMEOUT_S)
+
+
+def base_mode(mode: str) -> str:
+    """"eos-per_process" -> "eos": the guarantee of a mode whatever its PRODUCERS."""
+    return mode.removesuffix(PER_PROCESS_SUFFIX)
+
+
+def mode_variants(modes: Sequence[str], producers: Sequence[str]) -> list[str]:
+    """raw once; alo and eos once per PRODUCERS value, interleaved (e.g. raw, alo, eos, alo-per_process, ...)."""
+    runner_modes = [m for m in modes if m != "raw"]
+    variants = ["raw"] if "raw" in modes else []
+    for p in producers:
+        variants += [m if p == PER_PARTITION else m + PER_PROCESS_SUFFIX for m in runner_modes]
+    return variants
 
 
 def run_mode(cell: Cell, mode: str, bootstrap: str, timeout_s: float) -> Result:
@@ -423,7 +452,25 @@ def table(results: Mapping[Cell, Mapping[str, Result]]) -> str:
         rates = [_rate(by_mode[m].rate) if m in by_mode else "-" for m in MODES]
         ratios = ["-" if r is None else f"{r:.2f}" for r in (_ratio(eos, alo), _ratio(eos, raw))]
         rows.append(f"| {cell.workload} | {cell.size} | {cell.interval} | " + " | ".join([*rates, *ratios]) + " |")
-    return "\n".join([*rows, "", *target_lines(results), *error_lines(results), "", *details(results)])
+    return "\n".join([*rows, "", *target_lines(results), *producers_lines(results), *error_lines(results), "",
+                      *details(results)])
+
+
+def producers_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
+    """PRODUCERS=per_process against per_partition, measured in the same run (modes interleaved)."""
+    lines = []
+    for cell, by_mode in results.items():
+        for guarantee in ("alo", "eos"):
+            per_process = by_mode.get(guarantee + PER_PROCESS_SUFFIX)
+            if per_process is None:
+                continue
+            ratios = [f"{name} {r:.2f}" for name, other in (("/ per_partition", guarantee), ("/ raw", "raw"),
+                                                           ("/ alo per_process", "alo" + PER_PROCESS_SUFFIX))
+                      if other != guarantee + PER_PROCESS_SUFFIX and other in by_mode
+                      and (r := _ratio(per_process, by_mode[other])) is not None]
+            lines.append(f"- {cell.label()} {guarantee} per_process: {_rate(per_process.rate)} rec/s; "
+                         + ", ".join(ratios))
+    return lines
 
 
 def details(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
@@ -470,6 +517,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="20k / 8k records per cell: a smoke run")
     parser.add_argument("--only", default="", help="comma-separated filters, AND across dimensions, OR within one: "
                         f"{', '.join([*WORKLOADS, *SIZES, *INTERVALS, *MODES])}, e.g. copier,100ms,raw,eos")
+    parser.add_argument("--producers", default=PER_PARTITION, help="PRODUCERS of the alo/eos modes, comma-separated "
+                        f"({', '.join(PRODUCERS)}); with both, every Runner mode runs once per value, interleaved")
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode and cell; the median is reported")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for one run (default 120)")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile pass")
@@ -552,7 +601,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     if not args.profile_only:
         cells = select_cells(chosen, args.records, args.quick)
-        modes = [m for m in MODES if m in chosen["mode"]]
+        producers = [p.strip() for p in args.producers.split(",") if p.strip()]
+        if unknown := set(producers) - set(PRODUCERS):
+            raise SystemExit(f"--producers: unknown {sorted(unknown)}")
+        modes = mode_variants([m for m in MODES if m in chosen["mode"]], producers)
         before = load_line("before")
         results = run_matrix(cells, modes, args.bootstrap_servers, args.timeout, max(1, args.repeat))
         failed = any(r.rate is None for by_mode in results.values() for r in by_mode.values())

@@ -1,0 +1,45 @@
+"""The PRODUCERS benchmarks compare what they claim: `python -m tools.bench --producers` runs every Runner mode once
+per PRODUCERS value and a per_process mode gets PRODUCERS=per_process; `python -m tools.bench.partitions` reads its
+instance's /proc figures and puts its ratios against the right base (no broker; milliseconds)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.settings import EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
+from tools.bench import partitions, throughput
+
+
+def test_every_runner_mode_runs_once_per_producers_value_and_raw_once() -> None:
+    variants = throughput.mode_variants(["raw", "alo", "eos"], [PER_PARTITION, PER_PROCESS])
+    assert variants == ["raw", "alo", "eos", "alo-per_process", "eos-per_process"]
+    assert throughput.mode_variants(["eos"], [PER_PROCESS]) == ["eos-per_process"]
+
+
+def test_a_per_process_mode_makes_a_per_process_runner() -> None:
+    cell = throughput.Cell("copier", "100B", "100ms", 10)
+    run = throughput.Run(cell, "eos-per_process", "127.0.0.1:1", "bench-test", {})
+    runner = throughput.make_runner(run)
+    assert (runner.settings.producers, runner.settings.processing_guarantee) == (PER_PROCESS, EXACTLY_ONCE)
+    assert throughput.make_runner(throughput.Run(cell, "eos", "127.0.0.1:1", "b", {})).settings.producers \
+        == PER_PARTITION
+
+
+def test_the_watcher_reads_threads_and_rss_of_a_process() -> None:
+    watcher = partitions.ProcWatcher(os.getpid())
+    sample = watcher.stop()
+    assert sample.peak_threads >= 1 and sample.hwm_mb > 0 and sample.timeline
+    assert sample.rss_between(0, float("inf")) > 0
+
+
+def test_ratios_are_against_the_first_partition_count_and_per_partition(tmp_path: Path) -> None:
+    def run(n: int, producers: str, rate: float, hwm: float) -> partitions.RunResult:
+        return partitions.RunResult(n, producers, rate, proc=partitions.Sample(peak_threads=n, hwm_mb=hwm))
+
+    results = [run(3, PER_PARTITION, 100.0, 100.0), run(3, PER_PROCESS, 100.0, 100.0),
+               run(384, PER_PARTITION, 50.0, 600.0), run(384, PER_PROCESS, 90.0, 150.0)]
+    rows = partitions.summary(results, [3, 384], [PER_PARTITION, PER_PROCESS])
+    per_process_384 = next(r for r in rows if r.startswith("| 384 | per_process"))
+    cells = [c.strip() for c in per_process_384.split("|")[1:-1]]
+    assert cells[2:8] == ["90", "0.90", "1.80", "384", "150", "1.50"]
