@@ -58,13 +58,17 @@ def check(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, *, before
           principal: str = "") -> None:
     """Raises MissingPermission naming every topic or group operation of `needed` the principal may not perform;
     with `before_topics`, also CREATE on the topics that do not exist and the groups."""
-    try:
-        gaps = _topic_gaps(admin, needed, timeout_s, before_topics)
-        if before_topics:
-            gaps += _group_gaps(admin, [a for a in needed if a.resource == "group"], timeout_s)
-    except TimeoutError as e:  # no broker answered: the same bounded, clear error as the topic checks give
-        raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s (the permission check "
-                          "got no answer)") from e
+    for attempt in (1, 2):  # asked twice: one broker of several restarting must not fail the start
+        try:
+            gaps = _topic_gaps(admin, needed, timeout_s, before_topics)
+            if before_topics:
+                gaps += _group_gaps(admin, [a for a in needed if a.resource == "group"], timeout_s)
+            break
+        except TimeoutError as e:  # no broker answered: the same bounded, clear error as the topic checks give
+            if attempt == 2:
+                raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s, asked twice (the "
+                                  "permission check got no answer)") from e
+            log.warning("permission check: no answer within %.0fs; asking once more", timeout_s)
     if gaps:
         raise MissingPermission(f"missing Kafka permission{'s' if len(gaps) > 1 else ''}"
                                 f"{f' ({principal})' if principal else ''}: {'; '.join(gaps)}. {HINT}")

@@ -15,7 +15,9 @@ from pipeline.kafka.topics import partition_counts
 from pipeline.settings import ConfigError
 from pipeline.testing import inputs
 from pipeline.testing.chaos import FaultRun
+from pipeline.testing.harness import group_owners
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
+from tests.support import eventually
 
 pytestmark = pytest.mark.cluster
 SPEC = "pipeline.examples.running_totals:app"
@@ -38,6 +40,12 @@ def cluster_run(kafka_cluster, tmp_path, request, monkeypatch):
         run.abandon()
 
 
+def running(bootstrap: str, run: FaultRun) -> None:
+    """Both instances are members owning partitions (under load a start can take longer than the 2 s the tests used
+    to wait: a node killed then made one instance's start-up fail, and librdkafka 2.16.0 abort in another)."""
+    eventually(lambda: len(owners := group_owners(bootstrap, run.app_id)) == 2 and all(owners.values()), 90, 0.5)
+
+
 def leader_of(bootstrap: str, topic: str, partition: int) -> int:
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return metadata.topics[topic].partitions[partition].leader
@@ -47,6 +55,7 @@ def test_each_broker_killed_and_restarted_in_turn(kafka_cluster, cluster_run):
     run = cluster_run()
     run.feed(list(inputs.running_totals_records(20_000, partitions=PARTITIONS, seed=11)), seconds=20)
     run.start(2)
+    running(kafka_cluster.bootstrap, run)  # a broker fault while the input flows, not while the instances start
     for node in (1, 2, 3):
         time.sleep(2)
         kafka_cluster.kill(node)
@@ -59,7 +68,8 @@ def test_input_leader_paused_then_resumed(kafka_cluster, cluster_run):
     run = cluster_run()
     run.feed(list(inputs.running_totals_records(15_000, partitions=PARTITIONS, seed=12)), seconds=12)
     run.start(2)
-    time.sleep(3)
+    running(kafka_cluster.bootstrap, run)
+    time.sleep(1)
     leader = leader_of(kafka_cluster.bootstrap, run.input_topic, 0)
     kafka_cluster.pause(leader)
     try:
