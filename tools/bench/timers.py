@@ -109,9 +109,12 @@ class PendingTimers:
         self.runner, self.accounts = runner, accounts
         self.highest = self.last = 0
         self.lowest: float | None = None
+        self.cpu_started: tuple[float, int] | None = None  # (process CPU seconds, records) at the first progress
 
     def progress(self) -> int:
         count = records_in(self.runner.metrics)
+        if self.cpu_started is None and count > 0:
+            self.cpu_started = (time.process_time(), count)
         total = 0
         for p, task in list(self.runner.tasks.items()):
             pending = len(getattr(task.state, "_queues", {}).get("stream", ()))
@@ -130,6 +133,7 @@ class Sample:
     closed_windows: int = 0  # windowed_totals: windows opened by the input minus timers still pending at the end
     pending_max: int = 0
     pending_lowest: float | None = None  # see PendingTimers.lowest
+    cpu_us: float | None = None  # this process's CPU time (all threads, librdkafka's too) per record measured
 
 
 def run_once(name: str, records: int, accounts: int, bootstrap: str, timeout_s: float) -> Sample:
@@ -146,13 +150,14 @@ def run_once(name: str, records: int, accounts: int, bootstrap: str, timeout_s: 
         pending = PendingTimers(runner, {p: max(1, n * accounts // records) for p, n in run.counts.items()})
         try:
             result = measure(pending.progress, records, worker, timeout_s).with_commits(runner.metrics)
+            cpu_s, first = time.process_time() - pending.cpu_started[0], pending.cpu_started[1]
             pending.progress()
             outputs = counter_total(runner.metrics, "records_out")
         finally:
             runner.stop()
             worker.join(STOP_TIMEOUT_S)
         closed = opened_windows(records, accounts) - pending.last if APPS[name].timed else 0
-        return Sample(result, outputs, closed, pending.highest, pending.lowest)
+        return Sample(result, outputs, closed, pending.highest, pending.lowest, 1e6 * cpu_s / max(1, records - first))
     except BenchError as e:
         return Sample(Result(None, error=str(e)))
     finally:
@@ -166,36 +171,39 @@ def counter_total(metrics: Metrics, name: str) -> int:
 
 def throughput(args: argparse.Namespace) -> list[str]:
     runs: dict[str, list[Sample]] = {name: [] for name in APPS}
-    ratios: list[float] = []
     for _ in range(args.repeat):  # alternating, so that a burst of load elsewhere hits both alike
         for name in APPS:
             started = time.monotonic()
             sample = run_once(name, args.records, args.accounts, args.bootstrap_servers, args.timeout)
             runs[name].append(sample)
-            log(f"{name}: {_rate(sample.result.rate)} rec/s over {sample.result.seconds:.1f}s, {sample.outputs} "
-                f"outputs, {sample.closed_windows} windows closed, pending timers max {sample.pending_max}, lowest "
-                f"per account {sample.pending_lowest} (run took "
-                f"{time.monotonic() - started:.0f}s, {load_line('now')}) {sample.result.error}")
-        windowed, totals = (runs[name][-1].result.rate for name in APPS)
-        if windowed and totals:
-            ratios.append(windowed / totals)
-    return throughput_table(runs, ratios, args)
+            log(f"{name}: {_rate(sample.result.rate)} rec/s over {sample.result.seconds:.1f}s, CPU "
+                f"{sample.cpu_us or 0:.1f} us/record, {sample.outputs} outputs, {sample.closed_windows} windows "
+                f"closed, pending timers max {sample.pending_max}, lowest per account {sample.pending_lowest} (run "
+                f"took {time.monotonic() - started:.0f}s, {load_line('now')}) {sample.result.error}")
+    return throughput_table(runs, args)
 
 
-def throughput_table(runs: dict[str, list[Sample]], ratios: list[float], args: argparse.Namespace) -> list[str]:
-    lines = ["| app | median rec/s | every run rec/s | measured s | outputs of process | windows closed | pending "
-             "timers: most / fewest per account | transactions |", "|---|---:|---|---:|---:|---:|---|---:|"]
+def throughput_table(runs: dict[str, list[Sample]], args: argparse.Namespace) -> list[str]:
+    lines = ["| app | median rec/s | every run rec/s | median CPU us/record | measured s | outputs of process | "
+             "windows closed | pending timers: most / fewest per account | transactions |",
+             "|---|---:|---|---:|---:|---:|---:|---|---:|"]
     for name, samples in runs.items():
         chosen = median([s.result for s in samples])
         sample = next((s for s in samples if s.result.rate == chosen.rate), samples[0])
         every = " / ".join(_rate(r) for r in chosen.runs)
+        cpu = statistics.median(s.cpu_us for s in samples if s.cpu_us) if any(s.cpu_us for s in samples) else 0
         lowest = "-" if sample.pending_lowest is None else f"{sample.pending_lowest:.2f}"
-        lines.append(f"| {name} | {_rate(chosen.rate)} | {every} | {chosen.seconds:.1f} | {sample.outputs:,} | "
-                     f"{sample.closed_windows:,} | {sample.pending_max:,} / {lowest} | {chosen.transactions} |")
-    every_ratio = " / ".join(f"{r:.2f}" for r in ratios)
-    lines += ["", f"windowed_totals / running_totals, per round: {every_ratio}; median "
-              f"{statistics.median(ratios):.2f}" if ratios else "no ratio: a run failed",
-              f"{args.records:,} records, {args.accounts:,} accounts; windows expected closed: "
+        lines.append(f"| {name} | {_rate(chosen.rate)} | {every} | {cpu:.1f} | {chosen.seconds:.1f} | "
+                     f"{sample.outputs:,} | {sample.closed_windows:,} | {sample.pending_max:,} / {lowest} | "
+                     f"{chosen.transactions} |")
+    rounds = list(zip(*runs.values(), strict=True))  # (windowed, totals) of each round
+    rates = [w.result.rate / t.result.rate for w, t in rounds if w.result.rate and t.result.rate]
+    cpus = [t.cpu_us / w.cpu_us for w, t in rounds if w.cpu_us and t.cpu_us]
+    for what, ratios in (("rec/s", rates), ("CPU per record, inverted", cpus)):
+        every = " / ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"\nwindowed_totals / running_totals by {what}, per round: {every}; median "
+                     f"{statistics.median(ratios):.2f}" if ratios else f"\nno ratio by {what}: a run failed")
+    lines += [f"\n{args.records:,} records, {args.accounts:,} accounts; windows expected closed: "
               f"{expected_windows(args.records, args.accounts):,}",
               *[f"- {name}: {s.result.error}" for name, samples in runs.items() for s in samples if s.result.error]]
     return lines
