@@ -8,6 +8,8 @@ Two rates per run: `all`, from the first record processed to the last (includes 
 worker its partitions: the local broker has group.initial.rebalance.delay.ms=0), and `steady`, from 20 % to 90 % of
 the records. N alternates within each repeat, so both see the same machine; the load average before each run is
 printed next to it (other processes share the cores). Medians over the repeats, and the ratio 2/1 of each repeat.
+Also the workers' CPU time per record over the `all` window (utime + stime from /proc, the supervisor's not
+counted): what N processes cost for the same work, which a crowded machine disturbs far less than the rates.
 
     python -m tools.bench.workers                        # 300,000 records, 3 repeats (~3 min on 2 cores)
     python -m tools.bench.workers --records 100000 --repeat 1 --workers 1,2,3
@@ -16,6 +18,7 @@ printed next to it (other processes share the cores). Medians over the repeats, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -35,7 +38,7 @@ from tools.bench.throughput import Cell, Run, cleanup
 
 APP_SPEC = "pipeline.examples.running_totals:app"
 PARTITIONS = 6
-SAMPLE_S = 0.05
+SAMPLE_S = 0.1
 RECORDS_IN = re.compile(rb"^pipeline_records_in_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 
 
@@ -46,6 +49,7 @@ class Measured:
     steady_rate: float
     seconds: float
     loadavg: str
+    cpu_us_per_record: float
 
 
 def records_in(port: int) -> int:
@@ -76,7 +80,7 @@ def run_once(bootstrap: str, workers: int, records: int, timeout_s: float, log_d
                                     str(workers), "--metrics-port", str(port), APP_SPEC],
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        samples = sample(port, total, process, timeout_s)
+        samples = sample(port, total, process, workers, timeout_s)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
@@ -84,10 +88,24 @@ def run_once(bootstrap: str, workers: int, records: int, timeout_s: float, log_d
     return rates(workers, samples, total, loadavg)
 
 
-def sample(port: int, total: int, process: subprocess.Popen, timeout_s: float) -> list[tuple[float, int]]:
-    """(time, records processed) from the first progress seen until all are processed."""
+def workers_cpu_s(process: subprocess.Popen, workers: int) -> float:
+    """utime + stime of the processes doing the work: the process itself, or the supervisor's children."""
+    pids = [process.pid]
+    if workers > 1:
+        pids = [int(p) for p in Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()]
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def sample(port: int, total: int, process: subprocess.Popen, workers: int,
+           timeout_s: float) -> list[tuple[float, int, float]]:
+    """(time, records processed, workers' CPU seconds) from the first progress seen until all are processed."""
     deadline = time.monotonic() + timeout_s
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple[float, int, float]] = []
     while not samples or samples[-1][1] < total:
         if process.poll() is not None:
             raise RuntimeError(f"pipeline run exited ({process.returncode}) before processing all records")
@@ -95,18 +113,19 @@ def sample(port: int, total: int, process: subprocess.Popen, timeout_s: float) -
             raise RuntimeError(f"timeout after {timeout_s:.0f}s at {samples[-1][1] if samples else 0}/{total}")
         count, now = records_in(port), time.monotonic()
         if count > 0:
-            samples.append((now, count))
+            samples.append((now, count, workers_cpu_s(process, workers)))
         time.sleep(SAMPLE_S)
     return samples
 
 
-def rates(workers: int, samples: list[tuple[float, int]], total: int, loadavg: str) -> Measured:
-    def at(fraction: float) -> tuple[float, int]:
+def rates(workers: int, samples: list[tuple[float, int, float]], total: int, loadavg: str) -> Measured:
+    def at(fraction: float) -> tuple[float, int, float]:
         return next(s for s in samples if s[1] >= fraction * total)
 
-    (t0, n0), (t1, n1) = samples[0], samples[-1]
-    (s0, m0), (s1, m1) = at(0.2), at(0.9)
-    return Measured(workers, (n1 - n0) / (t1 - t0), (m1 - m0) / max(s1 - s0, 1e-9), t1 - t0, loadavg)
+    (t0, n0, c0), (t1, n1, c1) = samples[0], samples[-1]
+    (s0, m0, _), (s1, m1, _) = at(0.2), at(0.9)
+    return Measured(workers, (n1 - n0) / (t1 - t0), (m1 - m0) / max(s1 - s0, 1e-9), t1 - t0, loadavg,
+                    (c1 - c0) / (n1 - n0) * 1e6)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,16 +145,19 @@ def main(argv: list[str] | None = None) -> int:
                 m = run_once(args.bootstrap, n, args.records, args.timeout, Path(log_dir))
                 results.append(m)
                 print(f"repeat {repeat + 1} workers {n}: all {m.all_rate:,.0f} rec/s, steady {m.steady_rate:,.0f} "
-                      f"rec/s ({m.seconds:.1f}s; load average {m.loadavg} before)", flush=True)
+                      f"rec/s ({m.seconds:.1f}s; workers' CPU {m.cpu_us_per_record:.1f} us/record; load average "
+                      f"{m.loadavg} before)", flush=True)
     print(f"\n{args.records:,} running_totals records, {PARTITIONS} partitions, exactly_once, "
           f"medians of {args.repeat}:")
     base = [m for m in results if m.workers == counts[0]]
     for n in counts:
         mine = [m for m in results if m.workers == n]
         ratios = [m.steady_rate / b.steady_rate for m, b in zip(mine, base, strict=True)]
+        cpu = statistics.median(m.cpu_us_per_record for m in mine)
         print(f"  workers {n}: all {statistics.median(m.all_rate for m in mine):,.0f} rec/s, steady "
               f"{statistics.median(m.steady_rate for m in mine):,.0f} rec/s; steady ratio to {counts[0]} per repeat "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}; load averages {', '.join(m.loadavg for m in mine)}")
+              f"{', '.join(f'{r:.2f}' for r in ratios)}; workers' CPU {cpu:.1f} us/record; load averages "
+              f"{', '.join(m.loadavg for m in mine)}")
     return 0
 
 
