@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.lifecycle import Lifecycle, Phase
 from pipeline.metrics import HealthServer, Metrics
@@ -127,7 +127,9 @@ class PollLoop:
         batches: dict[int, list[Message]] = defaultdict(list)
         for m in messages:
             if m.error():
-                if m.error().fatal():
+                # _FATAL itself is not fatal(): under KIP-848 a restarted static member refused by the broker
+                # (UNRELEASED_INSTANCE_ID) arrives so, and would run on outside the group, never restarted.
+                if m.error().fatal() or m.error().code() == KafkaError._FATAL:
                     raise FatalRunnerError(f"consumer: {m.error()}")
                 log.warning("consumer: %s", m.error())
                 continue

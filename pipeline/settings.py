@@ -95,7 +95,10 @@ class Settings:
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
-    producers: str = PER_PARTITION  # or per_process: one transactional producer for the whole process (KIP-447)
+    # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
+    # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
+    # half the memory at 384 partitions, equal throughput at 3 and 1.03-1.3x at 48-384 (BENCHMARKS.md).
+    producers: str = PER_PROCESS
     group_protocol: str = CLASSIC  # or "consumer" (KIP-848): SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply
     metrics_port: int = 0  # 0: no HTTP endpoint
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default

@@ -63,7 +63,8 @@ def run_takeover(runner_class: type[Runner], bootstrap: str) -> checker.Verdict:
     app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
     inputs.create_topics(bootstrap, {app.input_topic: 1, app.output_topic: 1})
     inputs.produce_running_totals(bootstrap, app.input_topic, 50, partitions=1)
-    config = settings.load(env={}, bootstrap_servers=bootstrap, app_id=f"rule1-{suffix}")
+    # A producer per partition: the fence under test is init_transactions on transactional.id(p).
+    config = settings.load(env={}, bootstrap_servers=bootstrap, app_id=f"rule1-{suffix}", producers="per_partition")
     zombie: PartitionTask | None = None
 
     class ZombieCommitsJustBeforeTheFence(runner_class):
