@@ -3,13 +3,14 @@ shared by both sinks (PartitionTask in the Kafka sink, PgWorker in the PostgreSQ
 
     NEW        -> RESTORING  start(): a stateful app restores p's state first (Kafka sink)
                -> RUNNING    start(): nothing to restore
-               -> REWINDING  take_over() (PostgreSQL sink): fenced, offset and state read; the seek there is pending
+               -> REWINDING  take_over() (PostgreSQL sink, all at once: tests and tools; the runner restores in steps)
     RESTORING  -> RUNNING    restored(): the state is complete
     RUNNING    -> REWINDING  abort_and_rewind(): the seek back to the committed offset is pending
                -> STOPPED    stop(): a poison record with on_poison=stop
                -> DROPPED    drop(): fenced, or a fatal producer error
     REWINDING  -> RUNNING    the seek took effect (try_seek_back(), positioned())
                -> STOPPED    a poison record's stop while the seek is still pending
+               -> DROPPED    the producer it shared with other partitions broke (PRODUCERS=per_process)
     any other  -> CLOSED     close(): revoked, lost or shut down (Kafka sink)
 
 Every move goes through `Lifecycle._transition`, which refuses one the table does not list (IllegalTransition):
