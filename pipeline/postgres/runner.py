@@ -208,6 +208,8 @@ class PgRunner(PollLoop):
         for p, result in zip(due, self._take_over_all(due), strict=True):
             if isinstance(result, Exception):
                 self._failed(p, result)
+            else:
+                log.info("p%d: taken over again at offset %s (epoch %s); restoring", p, result, self.workers[p].epoch)
         self._retry_seeks()
 
     def _advance_restores(self) -> None:
