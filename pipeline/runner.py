@@ -113,7 +113,7 @@ class Runner(PollLoop):
         if self._process_txn is None or self._process_txn.broken:
             txn_id = self._process_txn_id if self.settings.exactly_once else None
             self._process_txn = Transaction(self._make_producer(txn_id), self.settings, self._process_txn_id,
-                                            self._abort_hook)
+                                            self._abort_hook, self.metrics.commit_latency.observe)
         return self._process_txn
 
     def run(self) -> None:

@@ -92,7 +92,8 @@ class PartitionTask(Lifecycle):
             self.txn = ctx.shared_transaction()
         else:
             txn_id = transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
-            self.txn = Transaction(ctx.make_producer(txn_id), s, txn_id or f"p{partition}", ctx.abort_hook)
+            self.txn = Transaction(ctx.make_producer(txn_id), s, txn_id or f"p{partition}", ctx.abort_hook,
+                                   ctx.metrics.commit_latency.observe)
         self.producer = self.txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
@@ -280,13 +281,12 @@ class PartitionTask(Lifecycle):
         self._txn_count += 1
         return TopicPartition(self.ctx.input_topic, self.partition, self.next_offset)
 
-    def committed(self, started: float) -> None:
+    def committed(self) -> None:
         """Step 4: the transaction is committed; p's committed offset and state move forward."""
         self.state.commit()
         self.committed_offset = self.next_offset
         self._committed_txn = self._txn_count
         self._in_transaction = False
-        self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
         self.ctx.metrics.observe_end_to_end(self._txn_first_timestamp, self._txn_last_timestamp)
         self.ctx.metrics.transactions.labels(self.label, "committed").inc()
 

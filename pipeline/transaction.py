@@ -51,14 +51,15 @@ class Participant(Protocol):
 
     def prepare_commit(self) -> TopicPartition: ...
 
-    def committed(self, started: float) -> None: ...
+    def committed(self) -> None: ...
 
     def rewind(self) -> None: ...
 
 
 class Transaction:
     def __init__(self, producer: Producer, settings: Settings, name: str,
-                 abort_hook: Callable[[int], bool] | None = None) -> None:
+                 abort_hook: Callable[[int], bool] | None = None,
+                 observe_commit: Callable[[float], None] | None = None) -> None:
         self.producer = producer
         self.name = name  # for log lines: "p3" or the process's transactional.id
         self.participants: list[Participant] = []
@@ -70,6 +71,7 @@ class Transaction:
         self._count = 0
         # Test hook: called before each commit; returning True aborts that transaction instead (injected aborts).
         self._abort_hook = abort_hook
+        self._observe_commit = observe_commit  # seconds per commit, once per transaction (however many partitions)
 
     @property
     def open(self) -> bool:
@@ -108,9 +110,11 @@ class Transaction:
         else:  # at_least_once: outputs first, offsets after
             self.call(self.producer.flush, self._timeout_s)
             consumer.commit(offsets=offsets, asynchronous=False)
+        if self._observe_commit is not None:
+            self._observe_commit(time.monotonic() - started)
         committed, self.participants = self.participants, []
         for task in committed:
-            task.committed(started)  # 4
+            task.committed()  # 4
 
     # -- abort (docs/guarantees.md: rewind-after-abort) ----------------------------------------------------------------
     def abort(self) -> None:

@@ -35,7 +35,8 @@ class Shared(Harness):
 
     def __init__(self, **settings) -> None:
         super().__init__(producers="per_process", **settings)
-        self.txn = Transaction(self._make_producer("unit.in.process-a"), self.settings, "unit.in.process-a")
+        self.txn = Transaction(self._make_producer("unit.in.process-a"), self.settings, "unit.in.process-a",
+                               observe_commit=self.metrics.commit_latency.observe)
         self.ctx = dataclasses.replace(self.ctx, shared_transaction=lambda: self.txn)
 
     def tasks(self, *partitions: int) -> list[PartitionTask]:
@@ -71,6 +72,7 @@ def test_partitions_commit_together_in_one_transaction_with_all_their_offsets() 
     assert {r["partition"] for r in h.calls.produced(CHANGELOG)} == {0, 1}  # each its own changelog partition
     assert (p0.committed_offset, p1.committed_offset) == (2, 1)
     assert not h.txn.open
+    assert h.metric("pipeline_commit_latency_seconds_count") == 1  # one commit, however many partitions
 
 
 def test_an_abort_rewinds_every_partition_in_the_transaction() -> None:
