@@ -113,12 +113,27 @@ class App:
         """Whether its state is a TimedState (pipeline/state/timers.py): timers, TTL or a state version above 1."""
         return self.timed or self.state_version > 1
 
-    def decode(self, key: bytes | None, value: bytes | None, topic: str, partition: int, offset: int,
-               timestamp_ms: int = 0, headers: Sequence[tuple[str, bytes]] | None = None) -> Record:
+    def decode(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int = 0,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> Record:
         """Input bytes -> Record, with this App's serdes: the one place that does it (both sinks, the checker's fold).
         Raises whatever the serde raises: an undecodable record is poison like a failing `process`."""
-        return Record(self.key_serde.deserialize(key), self.value_serde.deserialize(value), topic, partition, offset,
-                      timestamp_ms, headers or ())
+        return Record(
+            self.key_serde.deserialize(key),
+            self.value_serde.deserialize(value),
+            topic,
+            partition,
+            offset,
+            timestamp_ms,
+            headers or (),
+        )
 
     def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
         """A copy reading/writing other topics (tests and the chaos runner use it)."""
@@ -129,4 +144,3 @@ class App:
             input_topic=input_topic or self.input_topic,
             output_topic=output_topic or self.output_topic,
         )
-

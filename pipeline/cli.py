@@ -17,8 +17,12 @@ LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
-        print("benchmarks are not installed with the package: from a checkout, run `python -m tools.bench "
-              f"{' '.join(argv[1:])}`".rstrip() + " (BENCHMARKS.md)", file=sys.stderr)
+        print(
+            "benchmarks are not installed with the package: from a checkout, run `python -m tools.bench "
+            f"{' '.join(argv[1:])}`".rstrip()
+            + " (BENCHMARKS.md)",
+            file=sys.stderr,
+        )
         return 2
     try:
         return _dispatch(argv)
@@ -60,9 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output-topic")
     run.add_argument("--metrics-port", type=int)
     run.add_argument("--sink", choices=["kafka", "postgres"], help="where results go (PIPELINE_SINK; default kafka)")
-    run.add_argument("--workers", type=_positive, default=1, metavar="N",
-                     help="N supervised processes of the group on this host, one metrics endpoint (default 1: this "
-                          "process runs the service itself)")
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="N supervised processes of the group on this host, one metrics endpoint (default 1: this "
+        "process runs the service itself)",
+    )
     run.set_defaults(command=_run)
 
     commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
@@ -75,8 +84,16 @@ def _parser() -> argparse.ArgumentParser:
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.set_defaults(command=_topics)
 
-    acls = commands.add_parser("acls", help="the least-privilege ACLs of a service: print the kafka-acls.sh lines, "
-                               "or grant them (--apply)", description=_acls.__doc__)
+    _add_acls_parser(commands)
+    return parser
+
+
+def _add_acls_parser(commands: argparse._SubParsersAction) -> None:
+    acls = commands.add_parser(
+        "acls",
+        help="the least-privilege ACLs of a service: print the kafka-acls.sh lines, or grant them (--apply)",
+        description=_acls.__doc__,
+    )
     acls.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
     acls.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`")
     acls.add_argument("--app-id")
@@ -85,16 +102,22 @@ def _parser() -> argparse.ArgumentParser:
     acls.add_argument("--sink", choices=["kafka", "postgres"])
     acls.add_argument("--principal", help="the service's principal (default User:<app id>)")
     acls.add_argument("--compaction-principal", help="the compaction job's (default User:<app id>-compaction)")
-    acls.add_argument("--no-create-topics", action="store_true",
-                      help="the internal topics are created beforehand: no CREATE for the service")
-    acls.add_argument("--keep-history", action="store_true",
-                      help="the compaction job runs with --keep-history: no DELETE for it")
+    acls.add_argument(
+        "--no-create-topics",
+        action="store_true",
+        help="the internal topics are created beforehand: no CREATE for the service",
+    )
+    acls.add_argument(
+        "--keep-history", action="store_true", help="the compaction job runs with --keep-history: no DELETE for it"
+    )
     acls.add_argument("--apply", action="store_true", help="grant them with the admin client instead of printing")
     acls.add_argument("--bootstrap-servers")
-    acls.add_argument("--command-config", metavar="FILE",
-                      help="the admin's client settings for --apply, as for kafka-acls.sh (default: PIPELINE_KAFKA_*)")
+    acls.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="the admin's client settings for --apply, as for kafka-acls.sh (default: PIPELINE_KAFKA_*)",
+    )
     acls.set_defaults(command=_acls)
-    return parser
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -173,18 +196,40 @@ def _acls(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     # The database is never contacted here: a placeholder lets SINK=postgres settings load without a DSN.
     env = {"PIPELINE_POSTGRES_DSN": "not-used-by-acls", **os.environ}
-    settings = settings_module.load(args.config, env, bootstrap_servers=args.bootstrap_servers, app_id=args.app_id,
-                                    input_topic=args.input_topic, output_topic=args.output_topic, sink=args.sink)
-    names = definition.Names(settings.app_id or app.name, settings.input_topic or app.input_topic,
-                             settings.output_topic or app.output_topic, settings.changelog_topic,
-                             settings.snapshot_topic, settings.dead_letter_topic)
-    grants = [(args.principal or f"User:{names.app_id}", f"pipeline run {args.app} ({settings.sink} sink)",
-               definition.service_acls(names, settings, stateful=app.stateful,
-                                       create_internal_topics=not args.no_create_topics))]
+    settings = settings_module.load(
+        args.config,
+        env,
+        bootstrap_servers=args.bootstrap_servers,
+        app_id=args.app_id,
+        input_topic=args.input_topic,
+        output_topic=args.output_topic,
+        sink=args.sink,
+    )
+    names = definition.Names(
+        settings.app_id or app.name,
+        settings.input_topic or app.input_topic,
+        settings.output_topic or app.output_topic,
+        settings.changelog_topic,
+        settings.snapshot_topic,
+        settings.dead_letter_topic,
+    )
+    grants = [
+        (
+            args.principal or f"User:{names.app_id}",
+            f"pipeline run {args.app} ({settings.sink} sink)",
+            definition.service_acls(
+                names, settings, stateful=app.stateful, create_internal_topics=not args.no_create_topics
+            ),
+        )
+    ]
     if settings.sink == "kafka" and app.stateful:
-        grants.append((args.compaction_principal or f"User:{names.app_id}-compaction",
-                       f"snapshots compact --app-id {names.app_id}",
-                       definition.compaction_acls(names, keep_history=args.keep_history)))
+        grants.append(
+            (
+                args.compaction_principal or f"User:{names.app_id}-compaction",
+                f"snapshots compact --app-id {names.app_id}",
+                definition.compaction_acls(names, keep_history=args.keep_history),
+            )
+        )
     if not args.apply:
         print(f'ACLS="kafka-acls.sh --bootstrap-server {settings.bootstrap_servers} --command-config admin.properties"')
         for principal, what, acls in grants:

@@ -43,8 +43,9 @@ def _import_user_module(module_name: str, spec: str) -> ModuleType:
     except ModuleNotFoundError as e:
         if e.name is None or not (module_name == e.name or module_name.startswith(f"{e.name}.")):
             raise  # the module is there but imports something missing: its traceback says where
-        raise AppPathError(f"{spec!r}: no module named {e.name!r} (looked in the current directory, then "
-                           "sys.path)") from e
+        raise AppPathError(
+            f"{spec!r}: no module named {e.name!r} (looked in the current directory, then sys.path)"
+        ) from e
 
 
 def _current_directory_first() -> None:

@@ -50,12 +50,15 @@ class PollLoop:
     def run(self) -> None:
         self.open()
         if self.settings.group_protocol == CONSUMER:
-            log.info("GROUP_PROTOCOL=consumer (KIP-848): the broker assigns partitions; session time-out and heartbeat "
-                     "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)")
+            log.info(
+                "GROUP_PROTOCOL=consumer (KIP-848): the broker assigns partitions; session time-out and heartbeat "
+                "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)"
+            )
         port = self.settings.metrics_port
         health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
-        self.consumer.subscribe([self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
+        self.consumer.subscribe(
+            [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
         try:
             while not self._stop.is_set():
                 self._loop_once()
@@ -107,8 +110,11 @@ class PollLoop:
         return [first, *self.consumer.consume(rest, 0)] if rest else [first]
 
     def _next_commit_deadline(self) -> float | None:
-        deadlines = [deadline for owned in self._owned_partitions().values()
-                     if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None]
+        deadlines = [
+            deadline
+            for owned in self._owned_partitions().values()
+            if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None
+        ]
         return min(deadlines, default=None)
 
     def _to_commit(self, now: float) -> list[int]:
@@ -119,8 +125,11 @@ class PollLoop:
         due = self._next_commit_deadline()
         if due is None or now < due:
             return []
-        return [p for p, owned in self._owned_partitions().items()
-                if owned.phase is Phase.RUNNING and owned.commit_deadline() is not None]
+        return [
+            p
+            for p, owned in self._owned_partitions().items()
+            if owned.phase is Phase.RUNNING and owned.commit_deadline() is not None
+        ]
 
     def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
         """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""
@@ -150,8 +159,11 @@ class PollLoop:
         self.metrics.assigned.set(self._owned())
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        what = "committing what is open only if our epoch still holds" if self.commit_on_lost else \
-            "aborting what is open, committing nothing"
+        what = (
+            "committing what is open only if our epoch still holds"
+            if self.commit_on_lost
+            else "aborting what is open, committing nothing"
+        )
         log.warning("lost %s (membership expired): %s", [tp.partition for tp in partitions], what)
         self.metrics.lost.inc(len(partitions))
         for tp in partitions:
@@ -171,8 +183,12 @@ class PollLoop:
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
         """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
         (the runner has committed what came before it)."""
-        log.error("p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was "
-                  "committed.", owned.partition, owned.next_offset, error)
+        log.error(
+            "p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was committed.",
+            owned.partition,
+            owned.next_offset,
+            error,
+        )
         owned.stop(str(error))
         self._pause(owned.partition)
 

@@ -49,32 +49,49 @@ class Metrics:
         )
         self._end_to_end_first = self.end_to_end_latency.labels("first")
         self._end_to_end_last = self.end_to_end_latency.labels("last")
+        self._partition_metrics(r)
+        self.assigned = Gauge(
+            "pipeline_assigned_partitions", "Input partitions owned", registry=r, multiprocess_mode="livesum"
+        )
+        # One sample per worker (pid label): the supervisor's /ready needs each one's.
+        self.ready = Gauge(
+            "pipeline_ready", "1 when every owned partition is restored", registry=r, multiprocess_mode="liveall"
+        )
+
+    def _partition_metrics(self, r: CollectorRegistry) -> None:
+        """What happens to partitions and records: fences, losses, dead letters, errors, restores, lag."""
         self.fenced = Counter("pipeline_fenced_partitions", "Partitions dropped because fenced", registry=r)
-        self.lost = Counter("pipeline_lost_partitions", "Partitions lost without a revoke (membership expired)",
-                            registry=r)
+        self.lost = Counter(
+            "pipeline_lost_partitions", "Partitions lost without a revoke (membership expired)", registry=r
+        )
         self.dead_letters = Counter("pipeline_dead_letters", "Records written to the dead-letter topic", registry=r)
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )
         # Per partition: the value of the partition's latest owner (a worker that gave it up keeps its own last one).
         self.restore_seconds = Gauge(
-            "pipeline_restore_duration_seconds", "Duration of the last restore", ["partition"], registry=r,
+            "pipeline_restore_duration_seconds",
+            "Duration of the last restore",
+            ["partition"],
+            registry=r,
             multiprocess_mode="livemostrecent",
         )
         self.restore_records = Counter(
             "pipeline_restore_records", "Changelog records read by restores", ["partition"], registry=r
         )
         self.restore_snapshot_entries = Counter(
-            "pipeline_restore_snapshot_entries", "State entries taken from full snapshots by restores", ["partition"],
+            "pipeline_restore_snapshot_entries",
+            "State entries taken from full snapshots by restores",
+            ["partition"],
             registry=r,
         )
-        self.lag = Gauge("pipeline_consumer_lag", "High watermark minus position", ["partition"], registry=r,
-                         multiprocess_mode="livemostrecent")
-        self.assigned = Gauge("pipeline_assigned_partitions", "Input partitions owned", registry=r,
-                              multiprocess_mode="livesum")
-        # One sample per worker (pid label): the supervisor's /ready needs each one's.
-        self.ready = Gauge("pipeline_ready", "1 when every owned partition is restored", registry=r,
-                           multiprocess_mode="liveall")
+        self.lag = Gauge(
+            "pipeline_consumer_lag",
+            "High watermark minus position",
+            ["partition"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
 
     def observe_end_to_end(self, first_timestamp_ms: int, last_timestamp_ms: int) -> None:
         """Right after a commit: the latency of the transaction's first and last input record, from their Kafka

@@ -34,8 +34,9 @@ class PoisonRecordStop(Exception):
 
 def record_from_message(app: App, msg: Message) -> Record:
     """A consumed message as the Record `process` receives (decoding may raise: the record is then poison)."""
-    return app.decode(msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1],
-                      msg.headers())
+    return app.decode(
+        msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.headers()
+    )
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,21 @@ class Attempts:
     sleep: Callable[[float], None] = time.sleep
 
     @classmethod
-    def of(cls, settings: Settings, errors: Counter, dead_letters: Counter,
-           sleep: Callable[[float], None] = time.sleep) -> Attempts:
-        return cls(settings.processing_max_attempts, settings.processing_backoff_ms / 1000,
-                   settings.on_poison == "stop", errors, dead_letters, sleep)
+    def of(
+        cls, settings: Settings, errors: Counter, dead_letters: Counter, sleep: Callable[[float], None] = time.sleep
+    ) -> Attempts:
+        return cls(
+            settings.processing_max_attempts,
+            settings.processing_backoff_ms / 1000,
+            settings.on_poison == "stop",
+            errors,
+            dead_letters,
+            sleep,
+        )
 
-    def retry(self, state: PartitionState, msg: Message, error: Exception,
-              try_once: Callable[[], Outputs]) -> Outputs | DeadLetter:
+    def retry(
+        self, state: PartitionState, msg: Message, error: Exception, try_once: Callable[[], Outputs]
+    ) -> Outputs | DeadLetter:
         """Called right after the first attempt at `msg` failed with `error`, its state changes still in place.
         Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
         it was before the record. `try_once` decodes and processes the record again and returns its outputs.
@@ -80,8 +89,17 @@ class Attempts:
 
     def _reject(self, msg: Message, reject: Reject, attempts: int) -> DeadLetter:
         self.dead_letters.inc()
-        return DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reject.error_type,
-                          str(reject), attempts, rejected=True)
+        return DeadLetter(
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            reject.error_type,
+            str(reject),
+            attempts,
+            rejected=True,
+        )
 
     def _give_up(self, msg: Message, error: Exception, attempts: int) -> DeadLetter:
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
@@ -89,5 +107,13 @@ class Attempts:
             raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
         self.dead_letters.inc()
         log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
-        return DeadLetter(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), type(error).__name__,
-                          str(error), attempts)
+        return DeadLetter(
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.key(),
+            msg.value(),
+            type(error).__name__,
+            str(error),
+            attempts,
+        )

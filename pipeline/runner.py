@@ -43,7 +43,8 @@ from pipeline.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, FatalRunner
 from pipeline.processing import PoisonRecordStop
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.state.changelog import changelog_topic
-from pipeline.state.restore import ChangelogRestore, RestoreManager
+from pipeline.state.restore import ChangelogRestore
+from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
 from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
 from pipeline.transaction import Transaction
@@ -69,9 +70,15 @@ class Runner(PollLoop):
         self._abort_hook = abort_hook
         self._timeout_s = settings.request_timeout_ms / 1000
         self.admin = AdminClient(client_config(settings))
-        self.restores = RestoreManager(settings, self.changelog_topic, self.snapshot_topic, app.state_serde,
-                                       self._make_restore_consumer, lambda: AdminClient(client_config(settings)),
-                                       self.admin)
+        self.restores = RestoreManager(
+            settings,
+            self.changelog_topic,
+            self.snapshot_topic,
+            app.state_serde,
+            self._make_restore_consumer,
+            lambda: AdminClient(client_config(settings)),
+            self.admin,
+        )
         self.ctx: TaskContext | None = None
         self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
         self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
@@ -94,17 +101,40 @@ class Runner(PollLoop):
         if self.app.stateful:
             internal[self.changelog_topic] = CHANGELOG_CONFIG
             internal[self.snapshot_topic] = SNAPSHOT_CONFIG
-        names = Names(self.app_id, self.input_topic, self.output_topic, self.changelog_topic, self.snapshot_topic,
-                      self.dead_letter_topic)
+        names = Names(
+            self.app_id,
+            self.input_topic,
+            self.output_topic,
+            self.changelog_topic,
+            self.snapshot_topic,
+            self.dead_letter_topic,
+        )
         check_service(self.admin, names, s, stateful=self.app.stateful, phase=BEFORE_TOPICS)
-        ensure_topics(self.admin, input_topic=self.input_topic, output_topic=self.output_topic, internal=internal,
-                      replication_factor=s.topic_replication_factor, timeout_s=self._timeout_s)
+        ensure_topics(
+            self.admin,
+            input_topic=self.input_topic,
+            output_topic=self.output_topic,
+            internal=internal,
+            replication_factor=s.topic_replication_factor,
+            timeout_s=self._timeout_s,
+        )
         check_service(self.admin, names, s, stateful=self.app.stateful, phase=AFTER_TOPICS)
         self.consumer = Consumer(consumer_config(s, self.app_id))
         per_process = s.producers == PER_PROCESS
-        self.ctx = TaskContext(self.app, s, self.app_id, self.input_topic, self.output_topic, self.changelog_topic,
-                               self.dead_letter_topic, self.consumer, self._make_producer, self.metrics,
-                               self._abort_hook, shared_transaction=self._process_transaction if per_process else None)
+        self.ctx = TaskContext(
+            self.app,
+            s,
+            self.app_id,
+            self.input_topic,
+            self.output_topic,
+            self.changelog_topic,
+            self.dead_letter_topic,
+            self.consumer,
+            self._make_producer,
+            self.metrics,
+            self._abort_hook,
+            shared_transaction=self._process_transaction if per_process else None,
+        )
         if per_process:  # fenced once, at start, before any partition is assigned (docs/guarantees.md: fence-first)
             self._fence_transactions([self._process_transaction()])
 
@@ -112,14 +142,27 @@ class Runner(PollLoop):
         """PRODUCERS=per_process: the process's producer, replaced (same transactional.id) once it is broken."""
         if self._process_txn is None or self._process_txn.broken:
             txn_id = self._process_txn_id if self.settings.exactly_once else None
-            self._process_txn = Transaction(self._make_producer(txn_id), self.settings, self._process_txn_id,
-                                            self._abort_hook, self.metrics.commit_latency.observe)
+            self._process_txn = Transaction(
+                self._make_producer(txn_id),
+                self.settings,
+                self._process_txn_id,
+                self._abort_hook,
+                self.metrics.commit_latency.observe,
+            )
         return self._process_txn
 
     def run(self) -> None:
         s = self.settings
-        log.info("%s: %s from %s to %s (%s, producers %s); kafka settings %s", self.app_id, self.app.name,
-                 self.input_topic, self.output_topic, s.processing_guarantee, s.producers, s.redacted_kafka())
+        log.info(
+            "%s: %s from %s to %s (%s, producers %s); kafka settings %s",
+            self.app_id,
+            self.app.name,
+            self.input_topic,
+            self.output_topic,
+            s.processing_guarantee,
+            s.producers,
+            s.redacted_kafka(),
+        )
         super().run()
 
     def _shutdown(self) -> None:
@@ -168,8 +211,9 @@ class Runner(PollLoop):
 
     def _commit_due(self) -> None:
         """One commit per transaction due: per partition, or one for the whole process (PRODUCERS=per_process)."""
-        due = list({id(task.txn): task for p in self._to_commit(time.monotonic())
-                    if (task := self.tasks[p]).txn.open}.values())
+        due = list(
+            {id(task.txn): task for p in self._to_commit(time.monotonic()) if (task := self.tasks[p]).txn.open}.values()
+        )
         if len(due) == 1:
             self._guarded(due[0], due[0].commit)
         elif due:  # a producer per partition: commits wait on the network and release the GIL
@@ -181,8 +225,9 @@ class Runner(PollLoop):
         try:
             step(*args)
         except TransactionAborted as e:
-            log.warning("p%d: transaction aborted (%s); rewinding to offset %s", task.partition, e,
-                        task.committed_offset)
+            log.warning(
+                "p%d: transaction aborted (%s); rewinding to offset %s", task.partition, e, task.committed_offset
+            )
             try:
                 task.abort_and_rewind()
             except (TransactionAborted, PartitionDropped) as again:
@@ -197,8 +242,11 @@ class Runner(PollLoop):
     def _drop(self, task: PartitionTask, reason: str) -> None:
         """Drops the task, and every task whose work went through the same broken producer (PRODUCERS=per_process:
         all the running ones); each is taken over again after REFENCE_AFTER_S, with a new producer."""
-        sharing = [t for t in self.tasks.values() if t is not task and t.txn is task.txn and t.txn.broken
-                   and t.phase in (Phase.RUNNING, Phase.REWINDING)]
+        sharing = [
+            t
+            for t in self.tasks.values()
+            if t is not task and t.txn is task.txn and t.txn.broken and t.phase in (Phase.RUNNING, Phase.REWINDING)
+        ]
         for victim in [task, *sharing]:
             log.warning("p%d: dropped without committing: %s", victim.partition, reason)
             victim.drop(reason)
@@ -240,8 +288,10 @@ class Runner(PollLoop):
                 self.consumer.seek(TopicPartition(self.input_topic, p, offset))
         else:
             self.consumer.incremental_assign(
-                [TopicPartition(self.input_topic, p, OFFSET_INVALID if committed[p] is None else committed[p])
-                 for p in partitions]
+                [
+                    TopicPartition(self.input_topic, p, OFFSET_INVALID if committed[p] is None else committed[p])
+                    for p in partitions
+                ]
             )
         self._resume_assigned(partitions)
         for task in tasks:
@@ -272,8 +322,9 @@ class Runner(PollLoop):
         wait lasts until that transaction ends, at most TRANSACTION_TIMEOUT_MS (docs/guarantees.md: zombies-stay-out).
         """
         tps = [TopicPartition(self.input_topic, p) for p in partitions]
-        deadline = time.monotonic() + max(3 * self._timeout_s,
-                                          self.settings.transaction_timeout_ms / 1000 + self._timeout_s)
+        deadline = time.monotonic() + max(
+            3 * self._timeout_s, self.settings.transaction_timeout_ms / 1000 + self._timeout_s
+        )
         while True:
             try:
                 result = self.consumer.committed(tps, timeout=self._timeout_s)
@@ -301,10 +352,15 @@ class Runner(PollLoop):
         self.metrics.restore_seconds.labels(str(p)).set(restore.seconds)
         self.metrics.restore_records.labels(str(p)).inc(restore.records)
         self.metrics.restore_snapshot_entries.labels(str(p)).inc(restore.snapshot_entries)
-        log.info("p%d restored: %d keys from %d snapshot entries (%s) and %d changelog records in %.2fs", p,
-                 len(restore.state), restore.snapshot_entries,
-                 restore.snapshot.snapshot_id if restore.snapshot else "no snapshot", restore.records,
-                 restore.seconds)
+        log.info(
+            "p%d restored: %d keys from %d snapshot entries (%s) and %d changelog records in %.2fs",
+            p,
+            len(restore.state),
+            restore.snapshot_entries,
+            restore.snapshot.snapshot_id if restore.snapshot else "no snapshot",
+            restore.records,
+            restore.seconds,
+        )
 
     def _snapshot(self, task: PartitionTask) -> None:
         """Commits what is open, then publishes the state as a full snapshot (SNAPSHOT_ON_SHUTDOWN)."""
@@ -312,9 +368,17 @@ class Runner(PollLoop):
         started = time.monotonic()
         manifest = task.write_snapshot(self.snapshot_topic)
         if manifest is not None:
-            log.info("p%d: snapshot %s published on shutdown: %d entries in %d chunks, covers changelog < %d and "
-                     "input < %s (%.2fs)", task.partition, manifest.snapshot_id, manifest.entries, manifest.chunks,
-                     manifest.changelog_offset, manifest.input_offset, time.monotonic() - started)
+            log.info(
+                "p%d: snapshot %s published on shutdown: %d entries in %d chunks, covers changelog < %d and "
+                "input < %s (%.2fs)",
+                task.partition,
+                manifest.snapshot_id,
+                manifest.entries,
+                manifest.chunks,
+                manifest.changelog_offset,
+                manifest.input_offset,
+                time.monotonic() - started,
+            )
 
     # -- revocation --------------------------------------------------------------------------------------------------
     def _owned_partitions(self) -> dict[int, PartitionTask]:

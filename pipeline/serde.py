@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -58,3 +59,17 @@ class JsonSerde:
 BYTES = BytesSerde()
 STRING = StringSerde()
 JSON = JsonSerde()
+
+
+def identity(value: Any) -> Any:
+    return value
+
+
+def skip_bytes_deserialize(serde: Serde) -> Callable[[bytes | None], Any] | None:
+    """The serde's deserialize, or None when it passes bytes through: the hot path then saves a call per record."""
+    return None if isinstance(serde, BytesSerde) else serde.deserialize
+
+
+def skip_bytes_serialize(serde: Serde) -> Callable[[Any], bytes | None] | None:
+    """The serde's serialize, or None when it passes bytes through."""
+    return None if isinstance(serde, BytesSerde) else serde.serialize

@@ -119,8 +119,9 @@ class Settings:
         validate(self)
 
     @classmethod
-    def load(cls, config_file: str | Path | None = None, env: Mapping[str, str] | None = None,
-             **overrides: Any) -> typing.Self:
+    def load(
+        cls, config_file: str | Path | None = None, env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> typing.Self:
         """Settings of this type from a TOML file, then the environment (os.environ if None), then keyword overrides
         (an override of None means "not given")."""
         env = os.environ if env is None else env
@@ -147,26 +148,41 @@ class Settings:
         return {k: ("***" if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
 
 
-def validate(s: Settings) -> None:
-    def require(condition: bool, message: str) -> None:
-        if not condition:
-            raise ConfigError(message)
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
+
+def validate(s: Settings) -> None:
     require(bool(s.bootstrap_servers), "BOOTSTRAP_SERVERS is empty")
     require(
         s.processing_guarantee in (EXACTLY_ONCE, AT_LEAST_ONCE),
         f"PROCESSING_GUARANTEE must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, not {s.processing_guarantee!r}",
     )
     require(s.on_poison in ("dead_letter", "stop"), f"ON_POISON must be dead_letter or stop, not {s.on_poison!r}")
-    require(s.group_protocol in (CLASSIC, CONSUMER),
-            f"GROUP_PROTOCOL must be {CLASSIC} or {CONSUMER}, not {s.group_protocol!r}")
-    require(s.producers in (PER_PARTITION, PER_PROCESS),
-            f"PRODUCERS must be {PER_PARTITION} or {PER_PROCESS}, not {s.producers!r}")
-    require("group.protocol" not in s.kafka, "PIPELINE_KAFKA_GROUP_PROTOCOL: set GROUP_PROTOCOL instead (the "
-            "consumer's other properties depend on it)")
-    for name in ("commit_interval_ms", "commit_max_records", "poll_max_records", "processing_max_attempts",
-                 "session_timeout_ms", "transaction_timeout_ms", "request_timeout_ms", "restore_step_ms",
-                 "timers_per_turn"):
+    require(
+        s.group_protocol in (CLASSIC, CONSUMER),
+        f"GROUP_PROTOCOL must be {CLASSIC} or {CONSUMER}, not {s.group_protocol!r}",
+    )
+    require(
+        s.producers in (PER_PARTITION, PER_PROCESS),
+        f"PRODUCERS must be {PER_PARTITION} or {PER_PROCESS}, not {s.producers!r}",
+    )
+    require(
+        "group.protocol" not in s.kafka,
+        "PIPELINE_KAFKA_GROUP_PROTOCOL: set GROUP_PROTOCOL instead (the consumer's other properties depend on it)",
+    )
+    for name in (
+        "commit_interval_ms",
+        "commit_max_records",
+        "poll_max_records",
+        "processing_max_attempts",
+        "session_timeout_ms",
+        "transaction_timeout_ms",
+        "request_timeout_ms",
+        "restore_step_ms",
+        "timers_per_turn",
+    ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
@@ -187,21 +203,28 @@ def validate(s: Settings) -> None:
     )
     require(s.sink in ("kafka", "postgres"), f"SINK must be kafka or postgres, not {s.sink!r}")
     if s.sink == "postgres":
-        require(bool(s.postgres_dsn), "POSTGRES_DSN is empty: SINK=postgres needs a connection string")
-        require(bool(s.postgres_schema), "POSTGRES_SCHEMA is empty")
-        require(s.exactly_once, "SINK=postgres is exactly-once by construction: PROCESSING_GUARANTEE must be "
-                f"{EXACTLY_ONCE}, not {s.processing_guarantee!r}")
-        for name in ("postgres_pool_size", "postgres_retry_backoff_max_ms", "postgres_idle_in_transaction_timeout_ms"):
-            require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
-        require(
-            s.postgres_idle_in_transaction_timeout_ms < s.request_timeout_ms,
-            f"POSTGRES_IDLE_IN_TRANSACTION_TIMEOUT_MS={s.postgres_idle_in_transaction_timeout_ms} must be below "
-            f"REQUEST_TIMEOUT_MS={s.request_timeout_ms} (the lock timeout): a new owner's fence waits for a paused "
-            "writer's session to be ended",
-        )
+        _validate_postgres(s)
     require(
         s.transaction_timeout_ms <= 900_000,
         f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",
+    )
+
+
+def _validate_postgres(s: Settings) -> None:
+    require(bool(s.postgres_dsn), "POSTGRES_DSN is empty: SINK=postgres needs a connection string")
+    require(bool(s.postgres_schema), "POSTGRES_SCHEMA is empty")
+    require(
+        s.exactly_once,
+        "SINK=postgres is exactly-once by construction: PROCESSING_GUARANTEE must be "
+        f"{EXACTLY_ONCE}, not {s.processing_guarantee!r}",
+    )
+    for name in ("postgres_pool_size", "postgres_retry_backoff_max_ms", "postgres_idle_in_transaction_timeout_ms"):
+        require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(
+        s.postgres_idle_in_transaction_timeout_ms < s.request_timeout_ms,
+        f"POSTGRES_IDLE_IN_TRANSACTION_TIMEOUT_MS={s.postgres_idle_in_transaction_timeout_ms} must be below "
+        f"REQUEST_TIMEOUT_MS={s.request_timeout_ms} (the lock timeout): a new owner's fence waits for a paused "
+        "writer's session to be ended",
     )
 
 

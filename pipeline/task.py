@@ -15,10 +15,8 @@
     drop(reason)        fenced or fatal producer: forget everything, commit nothing            RUNNING -> DROPPED
     close()             commit (or abort) what is open, then flush the producer                         -> CLOSED
 
-Errors raised by Kafka inside a transaction are classified (pipeline/errors.py): an unknown commit outcome is
-retried, an abortable error aborts and rewinds, a fenced or fatal producer drops the partition without committing
-(docs/guarantees.md: unknown-commit-retried). The phases and the moves between them are pipeline/lifecycle.py's
-table: the methods above move the task through it, and a move it does not list raises IllegalTransition.
+Kafka errors inside a transaction are classified in pipeline/transaction.py. The phases and the moves between
+them are pipeline/lifecycle.py's table: a move it does not list raises IllegalTransition.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
 
@@ -39,7 +36,7 @@ from pipeline.lifecycle import Lifecycle, Phase, commit_deadline
 from pipeline.metrics import Metrics
 from pipeline.processing import Attempts, record_from_message
 from pipeline.provenance import SOURCE_HEADER, encode_source
-from pipeline.serde import BytesSerde, Serde
+from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
@@ -47,17 +44,12 @@ from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
 from pipeline.state.timers import new_state, restored_state, wall_clock_ms
 from pipeline.timers import TimerFiring
-from pipeline.transaction import PartitionDropped, Transaction, TransactionAborted
+from pipeline.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
 
 log = logging.getLogger(__name__)
 
 
-__all__ = ["PartitionDropped", "PartitionTask", "TaskContext", "TransactionAborted", "transactional_id"]
-
-
-def transactional_id(app_id: str, topic: str, partition: int) -> str:
-    """Stable across restarts and hosts, so that the next owner of the partition fences the previous one."""
-    return f"{app_id}.{topic}.{partition}"
+__all__ = ["PartitionDropped", "PartitionTask", "TaskContext", "TransactionAborted"]
 
 
 @dataclass(frozen=True)
@@ -92,8 +84,13 @@ class PartitionTask(Lifecycle):
             self.txn = ctx.shared_transaction()
         else:
             txn_id = transactional_id(ctx.app_id, ctx.input_topic, partition) if s.exactly_once else None
-            self.txn = Transaction(ctx.make_producer(txn_id), s, txn_id or f"p{partition}", ctx.abort_hook,
-                                   ctx.metrics.commit_latency.observe)
+            self.txn = Transaction(
+                ctx.make_producer(txn_id),
+                s,
+                txn_id or f"p{partition}",
+                ctx.abort_hook,
+                ctx.metrics.commit_latency.observe,
+            )
         self.producer = self.txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
         self.committed_offset: int | None = None  # next input offset after the last committed transaction
@@ -117,12 +114,24 @@ class PartitionTask(Lifecycle):
         self._records_in = ctx.metrics.records_in.labels(self.label)  # labels() is slow: resolve once
         self._records_out = ctx.metrics.records_out.labels(self.label)
         # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
-        self._attempts = Attempts.of(s, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters,
-                                     sleep=time.sleep)
+        self._attempts = Attempts.of(
+            s, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters, sleep=time.sleep
+        )
         # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
         # pays one test per record.
-        self._timers = TimerFiring.of(ctx.app, s, partition, self._encode, self._produce, self._pause_input,
-                                      ctx.metrics.processing_errors.labels(self.label)) if ctx.app.timed else None
+        self._timers = (
+            TimerFiring.of(
+                ctx.app,
+                s,
+                partition,
+                self._encode,
+                self._produce,
+                self._pause_input,
+                ctx.metrics.processing_errors.labels(self.label),
+            )
+            if ctx.app.timed
+            else None
+        )
 
     # -- 1. fence, before anything of p is read (docs/guarantees.md: fence-first) --------------------------------------
     def fence(self) -> None:
@@ -151,7 +160,7 @@ class PartitionTask(Lifecycle):
             self._timers.held.extend(messages)
             return
         app, state, partition, timers = self.ctx.app, self.state, self.partition, self._timers
-        decode_key, decode_value = _decoder(app.key_serde), _decoder(app.value_serde)
+        decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
         encode = self._encode
         user_process, stateful, produce = app.process, app.stateful, self.producer.produce
         processed = produced = 0
@@ -164,17 +173,16 @@ class PartitionTask(Lifecycle):
             if not self._in_transaction:
                 self._begin()
             if timers is not None and not timers.before_record(state, offset, msg.timestamp()[1]):
-                timers.hold(messages[messages.index(msg):])  # more are due than fire in one turn: p waits
+                timers.hold(messages[messages.index(msg) :])  # more are due than fire in one turn: p waits
                 break
             if stateful:
                 state.begin_record()
             try:
                 # App.decode, inlined: calling it costs two identity deserializers per record for bytes serdes
                 # (copier ~8 % slower, measured); a retry (pipeline/processing.py) decodes through App.decode.
-                key, value = msg.key(), msg.value()
-                record = Record(key if decode_key is None else decode_key(key),
-                                value if decode_value is None else decode_value(value),
-                                msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
+                key = msg.key() if decode_key is None else decode_key(msg.key())
+                value = msg.value() if decode_value is None else decode_value(msg.value())
+                record = Record(key, value, msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
                 # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
                 outputs = [encode(o) for o in user_process(state, record)]
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
@@ -203,14 +211,27 @@ class PartitionTask(Lifecycle):
     def _encoder(self) -> Callable[[Output], tuple]:
         """Output -> (topic, key bytes, value bytes, partition or -1, headers)."""
         app, output_topic = self.ctx.app, self.ctx.output_topic
-        encode_key, encode_value = _encoder(app.output_key_serde), _encoder(app.output_value_serde)
+        encode_key, encode_value = (
+            skip_bytes_serialize(app.output_key_serde),
+            skip_bytes_serialize(app.output_value_serde),
+        )
         if encode_key is None and encode_value is None:
-            return lambda o: (o.topic or output_topic, o.key, o.value, -1 if o.partition is None else o.partition,
-                              o.headers)
-        encode_key = encode_key or _identity
-        encode_value = encode_value or _identity
-        return lambda o: (o.topic or output_topic, encode_key(o.key), encode_value(o.value),
-                          -1 if o.partition is None else o.partition, o.headers)
+            return lambda o: (
+                o.topic or output_topic,
+                o.key,
+                o.value,
+                -1 if o.partition is None else o.partition,
+                o.headers,
+            )
+        encode_key = encode_key or identity
+        encode_value = encode_value or identity
+        return lambda o: (
+            o.topic or output_topic,
+            encode_key(o.key),
+            encode_value(o.value),
+            -1 if o.partition is None else o.partition,
+            o.headers,
+        )
 
     def _retry(self, msg: Message, error: Exception) -> list[tuple] | None:
         """After a failed first attempt: the shared retry path (pipeline/processing.py). Its dead letter goes into
@@ -267,8 +288,11 @@ class PartitionTask(Lifecycle):
     # -- 5. commit (docs/guarantees.md: one-transaction) ---------------------------------------------------------------
     def commit_deadline(self) -> float | None:
         s = self.ctx.settings
-        return commit_deadline(self._txn_started, self._txn_records, s.commit_interval_ms, s.commit_max_records) \
-            if self._in_transaction else None
+        return (
+            commit_deadline(self._txn_started, self._txn_records, s.commit_interval_ms, s.commit_max_records)
+            if self._in_transaction
+            else None
+        )
 
     def commit(self) -> None:
         """Commits p's open transaction, with every other partition writing into it (pipeline/transaction.py)."""
@@ -297,13 +321,20 @@ class PartitionTask(Lifecycle):
         for key, value in self.state.changes():
             self._produce(topic, key.encode(), value, p, [])
         checkpoint = Checkpoint(self.ctx.input_topic, p, self.next_offset)
-        self._produce(topic, CHECKPOINT_KEY, checkpoint.encode(), p, [CHECKPOINT_HEADER],
-                      on_delivery=self._checkpoint_delivered(self._txn_count + 1))
+        self._produce(
+            topic,
+            CHECKPOINT_KEY,
+            checkpoint.encode(),
+            p,
+            [CHECKPOINT_HEADER],
+            on_delivery=self._checkpoint_delivered(self._txn_count + 1),
+        )
 
     def _checkpoint_delivered(self, txn: int) -> Callable:
         def delivered(error, message) -> None:
             if error is None:
                 self._checkpoint_at = (txn, message.offset())
+
         return delivered
 
     # -- 6. abort and rewind -------------------------------------------------------------------------------------------
@@ -347,8 +378,12 @@ class PartitionTask(Lifecycle):
         """Publishes p's committed state as a full snapshot, in its own transaction on p's producer (a fenced owner
         publishes nothing). None when there is nothing new since the snapshot p was restored from, or when it is
         not known exactly which changelog offset the state covers."""
-        if not (self.ctx.app.stateful and self.ctx.settings.exactly_once) or self.phase is not Phase.RUNNING \
-                or self.txn.open or not len(self.state):
+        if (
+            not (self.ctx.app.stateful and self.ctx.settings.exactly_once)
+            or self.phase is not Phase.RUNNING
+            or self.txn.open
+            or not len(self.state)
+        ):
             return None
         self.producer.flush(self._timeout_s)  # serves the last checkpoint's delivery report
         if self._committed_txn:
@@ -362,9 +397,15 @@ class PartitionTask(Lifecycle):
         self.txn.call(self.producer.begin_transaction)
         try:
             manifest = write_snapshot(
-                self.producer, app_id=self.ctx.app_id, snapshot_topic=snapshot_topic,
-                changelog_topic=self.ctx.changelog_topic, partition=self.partition, entries=self.state.encoded_items(),
-                changelog_offset=self.changelog_end, input_offset=self.committed_offset, base=base,
+                self.producer,
+                app_id=self.ctx.app_id,
+                snapshot_topic=snapshot_topic,
+                changelog_topic=self.ctx.changelog_topic,
+                partition=self.partition,
+                entries=self.state.encoded_items(),
+                changelog_offset=self.changelog_end,
+                input_offset=self.committed_offset,
+                base=base,
                 timeout_s=self._timeout_s,
             )
             self.txn.call(self.producer.commit_transaction, self._timeout_s)
@@ -400,16 +441,3 @@ class PartitionTask(Lifecycle):
         self.error = reason
         self._in_transaction = False
         self.txn.leave(self)
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _decoder(serde: Serde) -> Callable[[bytes | None], Any] | None:
-    """The serde's deserialize, or None when it passes bytes through (saves a call per record)."""
-    return None if isinstance(serde, BytesSerde) else serde.deserialize
-
-
-def _encoder(serde: Serde) -> Callable[[Any], bytes | None] | None:
-    return None if isinstance(serde, BytesSerde) else serde.serialize

@@ -55,10 +55,27 @@ class TimerFiring:
     _paused: bool = False
 
     @classmethod
-    def of(cls, app: App, settings: Settings, partition: int, encode: Callable[[Output], tuple], produce: Produce,
-           pause_input: Callable[[bool], None], errors: Counter) -> TimerFiring:
-        return cls(app, partition, encode, produce, pause_input, errors, settings.processing_max_attempts,
-                   settings.processing_backoff_ms / 1000, settings.timers_per_turn)
+    def of(
+        cls,
+        app: App,
+        settings: Settings,
+        partition: int,
+        encode: Callable[[Output], tuple],
+        produce: Produce,
+        pause_input: Callable[[bool], None],
+        errors: Counter,
+    ) -> TimerFiring:
+        return cls(
+            app,
+            partition,
+            encode,
+            produce,
+            pause_input,
+            errors,
+            settings.processing_max_attempts,
+            settings.processing_backoff_ms / 1000,
+            settings.timers_per_turn,
+        )
 
     def before_record(self, state: TimedState, offset: int, timestamp_ms: int) -> bool:
         """Stream time moves to the record's timestamp and the stream timers now due fire, at most `budget` of
@@ -110,8 +127,9 @@ class TimerFiring:
                 state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone
                 self.errors.inc()
                 if attempt >= self.max_attempts:
-                    raise PoisonRecordStop(f"p{self.partition}: on_timer({timer}) failed {attempt} times: "
-                                           f"{type(error).__name__}: {error}") from error
+                    raise PoisonRecordStop(
+                        f"p{self.partition}: on_timer({timer}) failed {attempt} times: {type(error).__name__}: {error}"
+                    ) from error
                 self.sleep(self.backoff_s * 2 ** (attempt - 1))
                 attempt += 1
         if outputs:

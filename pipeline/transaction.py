@@ -36,6 +36,12 @@ from pipeline.settings import Settings
 log = logging.getLogger(__name__)
 
 
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """PRODUCERS=per_partition: stable across restarts and hosts, so that the next owner of the partition fences the
+    previous one."""
+    return f"{app_id}.{topic}.{partition}"
+
+
 class TransactionAborted(Exception):
     """The open transaction must be (or was) aborted; state and position go back to the last commit."""
 
@@ -57,9 +63,14 @@ class Participant(Protocol):
 
 
 class Transaction:
-    def __init__(self, producer: Producer, settings: Settings, name: str,
-                 abort_hook: Callable[[int], bool] | None = None,
-                 observe_commit: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        settings: Settings,
+        name: str,
+        abort_hook: Callable[[int], bool] | None = None,
+        observe_commit: Callable[[float], None] | None = None,
+    ) -> None:
         self.producer = producer
         self.name = name  # for log lines: "p3" or the process's transactional.id
         self.participants: list[Participant] = []

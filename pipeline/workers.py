@@ -87,11 +87,27 @@ def worker_env(base: Mapping[str, str], slot: int, metrics_dir: str, group_insta
 def worker_command(args: argparse.Namespace, supervisor_pid: int) -> list[str]:
     """`pipeline run` with the supervisor's options, less --workers and --metrics-port, through this module's entry
     point (which declares the worker's settings and ties the worker's life to the supervisor's)."""
-    options = {"--config": args.config, "--bootstrap-servers": args.bootstrap_servers, "--app-id": args.app_id,
-               "--input-topic": args.input_topic, "--output-topic": args.output_topic, "--sink": args.sink}
+    options = {
+        "--config": args.config,
+        "--bootstrap-servers": args.bootstrap_servers,
+        "--app-id": args.app_id,
+        "--input-topic": args.input_topic,
+        "--output-topic": args.output_topic,
+        "--sink": args.sink,
+    }
     given = [word for option, value in options.items() if value is not None for word in (option, str(value))]
-    return [sys.executable, "-m", "pipeline.workers", "--supervisor", str(supervisor_pid),
-            "--log-level", args.log_level, "run", args.app, *given]
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.workers",
+        "--supervisor",
+        str(supervisor_pid),
+        "--log-level",
+        args.log_level,
+        "run",
+        args.app,
+        *given,
+    ]
 
 
 class Process(Protocol):
@@ -121,10 +137,18 @@ class Slot:
 class Supervisor:
     """Keeps `count` workers running, one per slot; `check()` is called every WATCH_EVERY_S by the main loop."""
 
-    def __init__(self, count: int, command: list[str], env_of: Callable[[int], dict[str, str]], *,
-                 spawn: Callable[[list[str], dict[str, str]], Process] = _spawn,
-                 clock: Callable[[], float] = time.monotonic, on_exit: Callable[[Slot, int], None] | None = None,
-                 on_restart: Callable[[Slot], None] | None = None, first_backoff_s: float = BACKOFF_FIRST_S) -> None:
+    def __init__(
+        self,
+        count: int,
+        command: list[str],
+        env_of: Callable[[int], dict[str, str]],
+        *,
+        spawn: Callable[[list[str], dict[str, str]], Process] = _spawn,
+        clock: Callable[[], float] = time.monotonic,
+        on_exit: Callable[[Slot, int], None] | None = None,
+        on_restart: Callable[[Slot], None] | None = None,
+        first_backoff_s: float = BACKOFF_FIRST_S,
+    ) -> None:
         self.slots = [Slot(i) for i in range(count)]
         self._command = command
         self._env_of = env_of
@@ -192,14 +216,25 @@ class Supervisor:
                 self.unclean.append(f"worker {slot.index}: {describe_exit(code)}")
             return False
         if code == CONFIG_ERROR_EXIT:
-            log.error("worker %d (pid %d) %s (a configuration or usage error: a restart would fail the same way); "
-                      "stopping the other workers", slot.index, pid, describe_exit(code))
+            log.error(
+                "worker %d (pid %d) %s (a configuration or usage error: a restart would fail the same way); "
+                "stopping the other workers",
+                slot.index,
+                pid,
+                describe_exit(code),
+            )
             return True
         slot.quick_failures = 1 if uptime >= STABLE_AFTER_S else slot.quick_failures + 1
         delay = restart_delay(slot.quick_failures, self._first_backoff_s)
         slot.restart_at = now + delay
-        log.warning("worker %d (pid %d) %s after %.1f s; restarting it in %.1f s", slot.index, pid,
-                    describe_exit(code), uptime, delay)
+        log.warning(
+            "worker %d (pid %d) %s after %.1f s; restarting it in %.1f s",
+            slot.index,
+            pid,
+            describe_exit(code),
+            uptime,
+            delay,
+        )
         return False
 
 
@@ -216,16 +251,22 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=directory)
         self._workers_only = multiprocess.MultiProcessCollector(None, path=directory)
-        self.restarts = Counter("pipeline_worker_restarts", "Workers started again after they exited", ["worker"],
-                                registry=self.registry)
+        self.restarts = Counter(
+            "pipeline_worker_restarts", "Workers started again after they exited", ["worker"], registry=self.registry
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
     def ready_pids(self) -> set[int]:
         """The worker processes whose pipeline_ready gauge (multiprocess mode liveall: one sample per pid) is 1."""
-        return {int(sample.labels["pid"]) for metric in self._workers_only.collect() if metric.name == "pipeline_ready"
-                for sample in metric.samples if sample.value == 1 and "pid" in sample.labels}
+        return {
+            int(sample.labels["pid"])
+            for metric in self._workers_only.collect()
+            if metric.name == "pipeline_ready"
+            for sample in metric.samples
+            if sample.value == 1 and "pid" in sample.labels
+        }
 
     def forget(self, slot: Slot, pid: int) -> None:
         """A worker exited: its live gauges leave the exposition (its counters stay: the totals do not go back)."""
@@ -250,9 +291,13 @@ def supervise(args: argparse.Namespace, settings: Settings, stop_requested: thre
         return 0
     with tempfile.TemporaryDirectory(prefix="pipeline-metrics-") as metrics_dir:
         metrics = WorkerMetrics(metrics_dir)
-        supervisor = Supervisor(args.workers, worker_command(args, os.getpid()),
-                                lambda slot: worker_env(os.environ, slot, metrics_dir, settings.group_instance_id),
-                                on_exit=metrics.forget, on_restart=metrics.restarted)
+        supervisor = Supervisor(
+            args.workers,
+            worker_command(args, os.getpid()),
+            lambda slot: worker_env(os.environ, slot, metrics_dir, settings.group_instance_id),
+            on_exit=metrics.forget,
+            on_restart=metrics.restarted,
+        )
 
         def is_ready() -> bool:  # every worker up, and each one's every partition restored
             return supervisor.all_running() and _pids(supervisor.running()) <= metrics.ready_pids()
@@ -318,8 +363,11 @@ def _die_with_supervisor(supervisor_pid: int) -> None:
 def worker_main(argv: list[str]) -> int:
     """`python -m pipeline.workers --supervisor PID <pipeline arguments>`: a worker's entry point."""
     if len(argv) < 2 or argv[0] != "--supervisor":
-        print("usage: python -m pipeline.workers --supervisor PID <pipeline arguments> (started by pipeline run "
-              "--workers N)", file=sys.stderr)
+        print(
+            "usage: python -m pipeline.workers --supervisor PID <pipeline arguments> (started by pipeline run "
+            "--workers N)",
+            file=sys.stderr,
+        )
         return CONFIG_ERROR_EXIT
     _die_with_supervisor(int(argv[1]))
     from pipeline.cli import main

@@ -1,7 +1,7 @@
 """`snapshots compact | show` (also `pipeline snapshots ...`).
 
-    snapshots compact --bootstrap-servers HOST:9092 --app-id APP [--master local[2]] [--keep-history]
-    snapshots show    --bootstrap-servers HOST:9092 --app-id APP
+snapshots compact --bootstrap-servers HOST:9092 --app-id APP [--master local[2]] [--keep-history]
+snapshots show    --bootstrap-servers HOST:9092 --app-id APP
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pipeline.state.snapshot_format import snapshot_topic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="snapshots", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="snapshots", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
     from snapshots import compact
 
@@ -50,17 +51,27 @@ def _show(args: argparse.Namespace) -> int:
     partitions = sorted(metadata[topic].partitions)
     lows = low_watermarks(admin, topic, partitions, args.timeout)
     ends = stable_end_offsets(admin, topic, partitions, args.timeout)
-    consumer = CheckedConsumer(Consumer({"bootstrap.servers": args.bootstrap_servers, "group.id": f"{args.app_id}.show",
-                                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                                         "auto.offset.reset": "error"}))
+    consumer = CheckedConsumer(
+        Consumer(
+            {
+                "bootstrap.servers": args.bootstrap_servers,
+                "group.id": f"{args.app_id}.show",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",
+            }
+        )
+    )
     try:
         for p in partitions:
             scan = scan_all(consumer, topic, p, lows[p], ends[p], args.timeout)
             print(f"{topic}[{p}] offsets {lows[p]}..{ends[p]}: {len(scan.candidates)} manifests")
             for offset, m in scan.candidates:
-                print(f"  @{offset} {m.snapshot_id} generation {m.generation}: {m.entries} entries in {m.chunks} "
-                      f"chunks from @{m.first_chunk_offset}, covers changelog < {m.changelog_offset}, input < "
-                      f"{m.input_offset}, created {m.created_at}")
+                print(
+                    f"  @{offset} {m.snapshot_id} generation {m.generation}: {m.entries} entries in {m.chunks} "
+                    f"chunks from @{m.first_chunk_offset}, covers changelog < {m.changelog_offset}, input < "
+                    f"{m.input_offset}, created {m.created_at}"
+                )
     finally:
         consumer.close()
     return 0

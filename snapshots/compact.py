@@ -77,30 +77,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--app-id", required=True)
     parser.add_argument("--changelog-topic", default="", help="default: <app-id>-changelog")
     parser.add_argument("--snapshot-topic", default="", help="default: <app-id>-snapshots")
-    parser.add_argument("--master", default=None,
-                        help="Spark master for a session built here (default local[*]; ignored under spark-submit)")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master for a session built here (default local[*]; ignored under spark-submit)",
+    )
     parser.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES)
-    parser.add_argument("--keep-history", action="store_true",
-                        help="do not delete below the previous generation after publishing")
+    parser.add_argument(
+        "--keep-history", action="store_true", help="do not delete below the previous generation after publishing"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for each Kafka request")
-    parser.add_argument("--kafka", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra librdkafka property for the job's own clients (e.g. security.protocol=SSL)")
-    parser.add_argument("--spark-kafka", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra Java client property for Spark's Kafka source (e.g. sasl.jaas.config=...)")
+    parser.add_argument(
+        "--kafka",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra librdkafka property for the job's own clients (e.g. security.protocol=SSL)",
+    )
+    parser.add_argument(
+        "--spark-kafka",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Java client property for Spark's Kafka source (e.g. sasl.jaas.config=...)",
+    )
 
 
 def options_from(args: argparse.Namespace) -> Options:
     kafka = dict(kv.split("=", 1) for kv in args.kafka)
     spark_kafka = dict(kv.split("=", 1) for kv in args.spark_kafka)
-    return Options(args.bootstrap_servers, args.app_id, args.changelog_topic, args.snapshot_topic, args.chunk_bytes,
-                   not args.keep_history, args.timeout, kafka, spark_kafka)
+    return Options(
+        args.bootstrap_servers,
+        args.app_id,
+        args.changelog_topic,
+        args.snapshot_topic,
+        args.chunk_bytes,
+        not args.keep_history,
+        args.timeout,
+        kafka,
+        spark_kafka,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
     try:  # before Spark starts: a missing ACL fails in a second, naming it, with nothing read or written
-        check(AdminClient(opts.client()), compaction_acls(Names(opts.app_id, "", "", opts.changelog, opts.snapshots),
-                                                          keep_history=not opts.truncate), opts.timeout_s)
+        check(
+            AdminClient(opts.client()),
+            compaction_acls(Names(opts.app_id, "", "", opts.changelog, opts.snapshots), keep_history=not opts.truncate),
+            opts.timeout_s,
+        )
     except MissingPermission as e:
         print(f"compaction failed: {e}", file=sys.stderr)
         return 1

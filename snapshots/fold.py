@@ -93,8 +93,9 @@ class ChunkMeta:
 
 
 # -- driver --------------------------------------------------------------------------------------------------------
-def fold_and_write(spark: SparkSession, opts: Options, plans: dict[int, Plan], reports: dict[int, PartitionReport]
-                   ) -> dict[int, Folded]:
+def fold_and_write(
+    spark: SparkSession, opts: Options, plans: dict[int, Plan], reports: dict[int, PartitionReport]
+) -> dict[int, Folded]:
     """Runs Spark rounds until each planned partition is written or reported; a partition whose base turns out
     invalid is planned again on the previous one (and `plans` updated). Partitions that end without chunks leave
     `plans` for `reports`."""
@@ -112,8 +113,11 @@ def fold_and_write(spark: SparkSession, opts: Options, plans: dict[int, Plan], r
                 continue
             if folded.status == "empty":
                 outcome: Plan | PartitionReport = PartitionReport(
-                    p, "skipped", f"no new committed changelog records in [{plan.start}, {plan.end}) (only markers "
-                    "or aborted records)")
+                    p,
+                    "skipped",
+                    f"no new committed changelog records in [{plan.start}, {plan.end}) (only markers "
+                    "or aborted records)",
+                )
             elif folded.status == "base_invalid":
                 outcome = plan_on_older(opts, plan, folded.reason)
             else:
@@ -130,10 +134,18 @@ def fold_and_write(spark: SparkSession, opts: Options, plans: dict[int, Plan], r
 def _spark_round(spark: SparkSession, opts: Options, plans: dict[int, Plan]) -> dict[int, Folded]:
     # minPartitions splits long changelog ranges over all cores; the fold handles pieces of a partition (each piece
     # is read in offset order, the merge orders the pieces' last writes by offset).
-    changelog = _kafka_range(spark, opts, opts.changelog, {p: (pl.start, pl.end) for p, pl in plans.items()},
-                             min_partitions=spark.sparkContext.defaultParallelism)
+    changelog = _kafka_range(
+        spark,
+        opts,
+        opts.changelog,
+        {p: (pl.start, pl.end) for p, pl in plans.items()},
+        min_partitions=spark.sparkContext.defaultParallelism,
+    )
     changelog = changelog.selectExpr(
-        "partition", "offset", "CAST(key AS STRING) AS key", "value",
+        "partition",
+        "offset",
+        "CAST(key AS STRING) AS key",
+        "value",
         f"COALESCE(CAST(key AS STRING) = '{CHECKPOINT_KEY.decode()}' AND "
         "exists(headers, h -> h.key = 'eos.checkpoint'), false) AS is_checkpoint",
     )
@@ -142,21 +154,25 @@ def _spark_round(spark: SparkSession, opts: Options, plans: dict[int, Plan]) -> 
     if bases:
         ranges = {p: (pl.base.first_chunk_offset, pl.base_offset) for p, pl in bases.items()}
         chunks = _kafka_range(spark, opts, opts.snapshots, ranges).selectExpr(
-            "partition", "offset", "value",
+            "partition",
+            "offset",
+            "value",
             "COALESCE(exists(headers, h -> h.key = 'eos.snapshot' AND CAST(h.value AS STRING) = 'chunk'), false) "
             "AS is_chunk",
         )
         parts.append(chunks.mapInArrow(chunk_decoder({p: pl.base for p, pl in bases.items()}), FOLD_SCHEMA))
     rows = reduce(lambda a, b: a.unionByName(b), parts)
     targets = {p: Target(pl.snapshot_id, pl.base) for p, pl in plans.items()}
-    writer = _merge_and_write(targets, opts.chunk_producer_config(), opts.snapshots, opts.chunk_bytes,
-                              opts.chunk_flush_timeout_s)
+    writer = _merge_and_write(
+        targets, opts.chunk_producer_config(), opts.snapshots, opts.chunk_bytes, opts.chunk_flush_timeout_s
+    )
     results = rows.groupBy("partition").applyInArrow(writer, RESULT_SCHEMA).collect()
     return {r.partition: Folded.decode(r.result) for r in results}
 
 
-def _kafka_range(spark: SparkSession, opts: Options, topic: str, ranges: dict[int, tuple[int, int]],
-                 min_partitions: int = 0) -> DataFrame:
+def _kafka_range(
+    spark: SparkSession, opts: Options, topic: str, ranges: dict[int, tuple[int, int]], min_partitions: int = 0
+) -> DataFrame:
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", opts.bootstrap_servers)
@@ -227,12 +243,19 @@ def _single(batch: pa.RecordBatch) -> bool:
     return bounds["min"].as_py() == bounds["max"].as_py()
 
 
-def _rows(pa: Any, p: int, kind: int, keys: list, values: list, ords: list, infos: list | None = None
-          ) -> pa.RecordBatch:
+def _rows(
+    pa: Any, p: int, kind: int, keys: list, values: list, ords: list, infos: list | None = None
+) -> pa.RecordBatch:
     n = len(keys)
     return pa.RecordBatch.from_arrays(
-        [pa.array([p] * n, pa.int32()), pa.array([kind] * n, pa.int32()), pa.array(keys, pa.string()),
-         pa.array(values, pa.binary()), pa.array(ords, pa.int64()), pa.array(infos or [None] * n, pa.string())],
+        [
+            pa.array([p] * n, pa.int32()),
+            pa.array([kind] * n, pa.int32()),
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.binary()),
+            pa.array(ords, pa.int64()),
+            pa.array(infos or [None] * n, pa.string()),
+        ],
         names=["partition", "kind", "key", "value", "ord", "info"],
     )
 
@@ -245,8 +268,9 @@ def chunk_decoder(bases: dict[int, Manifest]) -> Callable[[Iterator[pa.RecordBat
         found: dict[int, ChunkSet] = {}
         for batch in batches:
             cols = batch.to_pydict()
-            for p, offset, value, is_chunk in zip(cols["partition"], cols["offset"], cols["value"], cols["is_chunk"],
-                                                  strict=True):
+            for p, offset, value, is_chunk in zip(
+                cols["partition"], cols["offset"], cols["value"], cols["is_chunk"], strict=True
+            ):
                 if not is_chunk:
                     continue
                 chunk = found.setdefault(p, ChunkSet(bases[p])).read(value, f"offset {offset}")
@@ -265,8 +289,9 @@ def chunk_decoder(bases: dict[int, Manifest]) -> Callable[[Iterator[pa.RecordBat
 
 
 # -- executors: merging and writing -------------------------------------------------------------------------------
-def _merge_and_write(targets: dict[int, Target], producer_config: dict[str, Any], topic: str, chunk_bytes: int,
-                     flush_timeout_s: float) -> Callable[[pa.Table], pa.Table]:
+def _merge_and_write(
+    targets: dict[int, Target], producer_config: dict[str, Any], topic: str, chunk_bytes: int, flush_timeout_s: float
+) -> Callable[[pa.Table], pa.Table]:
     def merge(table: pa.Table) -> pa.Table:
         """All rows of one partition -> its chunks written, and one result row."""
         import pyarrow as pa
@@ -278,16 +303,25 @@ def _merge_and_write(targets: dict[int, Target], producer_config: dict[str, Any]
     return merge
 
 
-def merge_partition(table: pa.Table, p: int, target: Target, producer_config: dict[str, Any], topic: str,
-                    chunk_bytes: int, flush_timeout_s: float) -> Folded:
+def merge_partition(
+    table: pa.Table,
+    p: int,
+    target: Target,
+    producer_config: dict[str, Any],
+    topic: str,
+    chunk_bytes: int,
+    flush_timeout_s: float,
+) -> Folded:
     import pyarrow.compute as pc
     from confluent_kafka import Producer
 
     from pipeline.state.snapshot_writer import emit_chunks
 
     kinds = table.column("kind")
-    pieces = [ChangelogPiece(**json.loads(x))
-              for x in table.filter(pc.equal(kinds, CHANGELOG_META)).column("info").to_pylist()]
+    pieces = [
+        ChangelogPiece(**json.loads(x))
+        for x in table.filter(pc.equal(kinds, CHANGELOG_META)).column("info").to_pylist()
+    ]
     records = sum(piece.records for piece in pieces)
     if records == 0:
         return Folded("empty")
@@ -303,10 +337,16 @@ def merge_partition(table: pa.Table, p: int, target: Target, producer_config: di
     checkpoints = [(x.checkpoint_offset, x.next_input_offset) for x in pieces if x.next_input_offset is not None]
     input_offset = max(checkpoints)[1] if checkpoints else (target.base.input_offset if target.base else None)
     items = sorted((k, v) for k, v in entries.items() if v is not None)  # tombstones (None) delete
-    chunks = emit_chunks(Producer(producer_config), topic=topic, partition=p, sid=target.snapshot_id, items=items,
-                         flush_timeout_s=flush_timeout_s, chunk_bytes=chunk_bytes)
-    return Folded("written", chunks=chunks, input_offset=input_offset, changelog_records=records,
-                  base_entries=in_base)
+    chunks = emit_chunks(
+        Producer(producer_config),
+        topic=topic,
+        partition=p,
+        sid=target.snapshot_id,
+        items=items,
+        flush_timeout_s=flush_timeout_s,
+        chunk_bytes=chunk_bytes,
+    )
+    return Folded("written", chunks=chunks, input_offset=input_offset, changelog_records=records, base_entries=in_base)
 
 
 def base_entries(table: pa.Table, base: Manifest | None) -> dict[str, bytes | None]:

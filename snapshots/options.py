@@ -70,5 +70,10 @@ class Options:
 
     def publisher_config(self) -> dict[str, Any]:
         """The driver's transactional producer, which publishes every partition's manifest in one transaction."""
-        return {**self.client(), "transactional.id": self.publisher_id, "enable.idempotence": True, "acks": "all",
-                "transaction.timeout.ms": int(max(self.timeout_s, 10) * 1000)}
+        return {
+            **self.client(),
+            "transactional.id": self.publisher_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "transaction.timeout.ms": int(max(self.timeout_s, 10) * 1000),
+        }

@@ -59,28 +59,34 @@ def ensure_snapshot_topic(admin: AdminClient, opts: Options) -> list[int]:
     try:
         topics = admin.list_topics(timeout=opts.timeout_s).topics
     except KafkaException as e:
-        raise CompactionError(f"no cluster metadata from {opts.bootstrap_servers} within {opts.timeout_s:.0f}s "
-                              f"({e.args[0]})") from e
+        raise CompactionError(
+            f"no cluster metadata from {opts.bootstrap_servers} within {opts.timeout_s:.0f}s ({e.args[0]})"
+        ) from e
     if opts.changelog not in topics or topics[opts.changelog].error is not None:
-        raise CompactionError(f"changelog topic {opts.changelog!r} does not exist: wrong --app-id, or the pipeline "
-                              "never ran")
+        raise CompactionError(
+            f"changelog topic {opts.changelog!r} does not exist: wrong --app-id, or the pipeline never ran"
+        )
     partitions = sorted(topics[opts.changelog].partitions)
     if opts.snapshots not in topics:
-        future = admin.create_topics([NewTopic(opts.snapshots, len(partitions), -1, config=SNAPSHOT_CONFIG)],
-                                     request_timeout=opts.timeout_s)[opts.snapshots]
+        future = admin.create_topics(
+            [NewTopic(opts.snapshots, len(partitions), -1, config=SNAPSHOT_CONFIG)], request_timeout=opts.timeout_s
+        )[opts.snapshots]
         try:
             future.result(opts.timeout_s)
         except KafkaException as e:
             if e.args[0].code() != e.args[0].TOPIC_ALREADY_EXISTS:
                 raise CompactionError(f"cannot create {opts.snapshots!r}: {e.args[0]}") from e
     elif len(topics[opts.snapshots].partitions) != len(partitions):
-        raise CompactionError(f"{opts.snapshots!r} has {len(topics[opts.snapshots].partitions)} partitions, the "
-                              f"changelog {len(partitions)}: partition p of both must belong together")
+        raise CompactionError(
+            f"{opts.snapshots!r} has {len(topics[opts.snapshots].partitions)} partitions, the "
+            f"changelog {len(partitions)}: partition p of both must belong together"
+        )
     return partitions
 
 
-def plan_partitions(opts: Options, admin: AdminClient, consumer: Consumer, partitions: list[int]
-                    ) -> tuple[dict[int, Plan], dict[int, PartitionReport]]:
+def plan_partitions(
+    opts: Options, admin: AdminClient, consumer: Consumer, partitions: list[int]
+) -> tuple[dict[int, Plan], dict[int, PartitionReport]]:
     """A plan for each partition with new changelog records, a report (skipped or failed) for each other one."""
     changelog_low = low_watermarks(admin, opts.changelog, partitions, opts.timeout_s)
     changelog_end = stable_end_offsets(admin, opts.changelog, partitions, opts.timeout_s)
@@ -99,9 +105,15 @@ def plan_partitions(opts: Options, admin: AdminClient, consumer: Consumer, parti
     return plans, reports
 
 
-def plan_partition(opts: Options, p: int, bounds: Bounds, candidates: list[tuple[int, Manifest]],
-                   newest_offset: int | None, invalid: list[str], newest_generation: int = 0
-                   ) -> Plan | PartitionReport:
+def plan_partition(
+    opts: Options,
+    p: int,
+    bounds: Bounds,
+    candidates: list[tuple[int, Manifest]],
+    newest_offset: int | None,
+    invalid: list[str],
+    newest_generation: int = 0,
+) -> Plan | PartitionReport:
     """p's plan on the newest usable of `candidates` (newest first), or why there is none to make."""
     base, base_offset, older = None, None, list(candidates)
     newest_generation = max([newest_generation, *(m.generation for _, m in candidates)])
@@ -118,14 +130,23 @@ def plan_partition(opts: Options, p: int, bounds: Bounds, candidates: list[tuple
     start = base.changelog_offset if base else 0
     if bounds.changelog_low > start:
         what = f"snapshot {base.snapshot_id} covers it only below {start}" if base else "there is no usable snapshot"
-        return PartitionReport(p, "failed", f"{opts.changelog}[{p}] starts at offset {bounds.changelog_low} but "
-                               f"{what}: the changes in between are gone; this partition cannot be compacted (nor "
-                               "restored). Rebuild the state by reprocessing the input into a new app id.")
+        return PartitionReport(
+            p,
+            "failed",
+            f"{opts.changelog}[{p}] starts at offset {bounds.changelog_low} but "
+            f"{what}: the changes in between are gone; this partition cannot be compacted (nor "
+            "restored). Rebuild the state by reprocessing the input into a new app id.",
+        )
     if start >= bounds.changelog_end:
-        return PartitionReport(p, "skipped", f"no new changelog records (snapshot "
-                               f"{base.snapshot_id if base else '-'} covers the changelog up to {start}, "
-                               f"it ends at {bounds.changelog_end})", snapshot_id=base.snapshot_id if base else None,
-                               generation=base.generation if base else None)
+        return PartitionReport(
+            p,
+            "skipped",
+            f"no new changelog records (snapshot "
+            f"{base.snapshot_id if base else '-'} covers the changelog up to {start}, "
+            f"it ends at {bounds.changelog_end})",
+            snapshot_id=base.snapshot_id if base else None,
+            generation=base.generation if base else None,
+        )
     sid = snapshot_id(opts.app_id, p, base.snapshot_id if base else None, start, bounds.changelog_end)
     generation = max(newest_generation, base.generation if base else 0) + 1
     return Plan(p, bounds, start, base, base_offset, older, newest_offset, generation, sid, invalid)
@@ -133,8 +154,13 @@ def plan_partition(opts: Options, p: int, bounds: Bounds, candidates: list[tuple
 
 def plan_on_older(opts: Options, plan: Plan, why: str) -> Plan | PartitionReport:
     """p planned again after its base turned out damaged (found by the fold): on the next older snapshot."""
-    log.warning("p%d: previous snapshot %s is not valid (%s); falling back to the one before",
-                plan.partition, plan.base.snapshot_id, why)
+    log.warning(
+        "p%d: previous snapshot %s is not valid (%s); falling back to the one before",
+        plan.partition,
+        plan.base.snapshot_id,
+        why,
+    )
     plan.invalid.append(f"{plan.base.snapshot_id}: {why}")
-    return plan_partition(opts, plan.partition, plan.bounds, plan.older, plan.newest_offset, plan.invalid,
-                          plan.generation - 1)
+    return plan_partition(
+        opts, plan.partition, plan.bounds, plan.older, plan.newest_offset, plan.invalid, plan.generation - 1
+    )

@@ -28,9 +28,15 @@ from snapshots.plan import Plan
 from snapshots.report import PartitionReport
 
 
-def publish_manifests(opts: Options, consumer: Consumer, admin: AdminClient, plans: dict[int, Plan],
-                      written: dict[int, Folded], reports: dict[int, PartitionReport],
-                      before_commit: Callable[[], None] | None) -> dict[int, Manifest]:
+def publish_manifests(
+    opts: Options,
+    consumer: Consumer,
+    admin: AdminClient,
+    plans: dict[int, Plan],
+    written: dict[int, Folded],
+    reports: dict[int, PartitionReport],
+    before_commit: Callable[[], None] | None,
+) -> dict[int, Manifest]:
     """The manifests published, by partition (none if fenced); a report for every written partition.
     `before_commit` (tests) runs inside the transaction, just before its commit."""
     producer = _fenced_publisher(opts)
@@ -48,17 +54,25 @@ def publish_manifests(opts: Options, consumer: Consumer, admin: AdminClient, pla
         error = kafka_error(e)
         if error is not None and (is_fenced(error) or error.fatal()):
             for p in manifests:
-                reports[p] = PartitionReport(p, "skipped", f"fenced by a concurrent compaction run ({error}): "
-                                             "published nothing")
+                reports[p] = PartitionReport(
+                    p, "skipped", f"fenced by a concurrent compaction run ({error}): published nothing"
+                )
             return {}
         raise CompactionError(f"publishing the manifests failed: {e}") from e
     for p, manifest in manifests.items():
         plan, folded = plans[p], written[p]
         reports[p] = PartitionReport(
-            p, "published", snapshot_id=manifest.snapshot_id, generation=manifest.generation,
-            base_id=manifest.previous_id, changelog_range=(plan.start, plan.end),
-            changelog_records=folded.changelog_records, base_entries=folded.base_entries, chunks=manifest.chunks,
-            entries=manifest.entries, bytes=manifest.bytes,
+            p,
+            "published",
+            snapshot_id=manifest.snapshot_id,
+            generation=manifest.generation,
+            base_id=manifest.previous_id,
+            changelog_range=(plan.start, plan.end),
+            changelog_records=folded.changelog_records,
+            base_entries=folded.base_entries,
+            chunks=manifest.chunks,
+            entries=manifest.entries,
+            bytes=manifest.bytes,
             reason="; ".join(f"skipped invalid snapshot {x}" for x in plan.invalid),
         )
     return manifests
@@ -71,13 +85,21 @@ def _fenced_publisher(opts: Options) -> Producer:
     except KafkaException as e:
         if (missing := missing_transactional_id(e.args[0], opts.publisher_id)) is not None:
             raise CompactionError(str(missing)) from e
-        raise CompactionError(f"cannot initialise the publisher {opts.publisher_id!r} within {opts.timeout_s:.0f}s "
-                              f"({e.args[0]}); the chunks written stay unreferenced, a rerun redoes them") from e
+        raise CompactionError(
+            f"cannot initialise the publisher {opts.publisher_id!r} within {opts.timeout_s:.0f}s "
+            f"({e.args[0]}); the chunks written stay unreferenced, a rerun redoes them"
+        ) from e
     return producer
 
 
-def _still_newest(opts: Options, consumer: Consumer, admin: AdminClient, plans: dict[int, Plan],
-                  written: dict[int, Folded], reports: dict[int, PartitionReport]) -> dict[int, Manifest]:
+def _still_newest(
+    opts: Options,
+    consumer: Consumer,
+    admin: AdminClient,
+    plans: dict[int, Plan],
+    written: dict[int, Folded],
+    reports: dict[int, PartitionReport],
+) -> dict[int, Manifest]:
     """After fencing: the manifest of each written partition whose newest manifest is still the one it was planned
     on; the others are reported skipped."""
     ends = stable_end_offsets(admin, opts.snapshots, list(written), opts.timeout_s)
@@ -87,14 +109,23 @@ def _still_newest(opts: Options, consumer: Consumer, admin: AdminClient, plans: 
         plan = plans[p]
         newest = _newest_manifest_offset(consumer, opts, p, lows[p], ends[p])
         if newest != plan.newest_offset:
-            reports[p] = PartitionReport(p, "skipped", f"another compaction published the manifest at "
-                                         f"{opts.snapshots}[{p}]@{newest} after this run started (from "
-                                         f"{plan.newest_offset}); its chunks {plan.snapshot_id} stay unreferenced")
+            reports[p] = PartitionReport(
+                p,
+                "skipped",
+                f"another compaction published the manifest at "
+                f"{opts.snapshots}[{p}]@{newest} after this run started (from "
+                f"{plan.newest_offset}); its chunks {plan.snapshot_id} stay unreferenced",
+            )
             continue
         manifests[p] = manifest_for(
-            folded.chunks, generation=plan.generation, partition=p, changelog_topic=opts.changelog,
-            changelog_offset=plan.end, input_offset=folded.input_offset,
-            previous_id=plan.base.snapshot_id if plan.base else None, changelog_records=folded.changelog_records,
+            folded.chunks,
+            generation=plan.generation,
+            partition=p,
+            changelog_topic=opts.changelog,
+            changelog_offset=plan.end,
+            input_offset=folded.input_offset,
+            previous_id=plan.base.snapshot_id if plan.base else None,
+            changelog_records=folded.changelog_records,
             first_chunk_offset=ends[p],  # an empty state: a manifest with no chunks, placed at the end
         )
     return manifests

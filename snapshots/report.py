@@ -24,10 +24,12 @@ class PartitionReport:
     def line(self) -> str:
         if self.status == "published":
             rng = self.changelog_range
-            text = (f"p{self.partition}: published {self.snapshot_id} (generation {self.generation}): read "
-                    f"{self.base_entries} entries of {self.base_id or 'no previous snapshot'} and "
-                    f"{self.changelog_records} changelog records [{rng[0]}, {rng[1]}); wrote {self.chunks} chunks, "
-                    f"{self.entries} entries, {self.bytes} bytes")
+            text = (
+                f"p{self.partition}: published {self.snapshot_id} (generation {self.generation}): read "
+                f"{self.base_entries} entries of {self.base_id or 'no previous snapshot'} and "
+                f"{self.changelog_records} changelog records [{rng[0]}, {rng[1]}); wrote {self.chunks} chunks, "
+                f"{self.entries} entries, {self.bytes} bytes"
+            )
             if self.deleted:
                 text += "; deleted below " + ", ".join(f"{t}@{o}" for t, o in self.deleted.items())
             return text
@@ -50,7 +52,9 @@ class Report:
     def summary(self) -> str:
         lines = [r.line() for _, r in sorted(self.partitions.items())]
         records = sum(r.changelog_records for r in self.partitions.values())
-        lines.append(f"compaction: {len(self.published)} published, {len(self.failed)} failed, "
-                     f"{len(self.partitions) - len(self.published) - len(self.failed)} skipped; {records} changelog "
-                     f"records in {self.seconds:.1f}s")
+        lines.append(
+            f"compaction: {len(self.published)} published, {len(self.failed)} failed, "
+            f"{len(self.partitions) - len(self.published) - len(self.failed)} skipped; {records} changelog "
+            f"records in {self.seconds:.1f}s"
+        )
         return "\n".join(lines)

@@ -22,8 +22,13 @@ from snapshots.report import PartitionReport
 log = logging.getLogger("snapshots.compact")
 
 
-def delete_below_base(opts: Options, admin: AdminClient, plans: dict[int, Plan], published: dict[int, Manifest],
-                      reports: dict[int, PartitionReport]) -> None:
+def delete_below_base(
+    opts: Options,
+    admin: AdminClient,
+    plans: dict[int, Plan],
+    published: dict[int, Manifest],
+    reports: dict[int, PartitionReport],
+) -> None:
     """Deletes below the base generation of each published partition; what was deleted goes into its report."""
     requests: list[TopicPartition] = []
     for p in published:
@@ -34,8 +39,10 @@ def delete_below_base(opts: Options, admin: AdminClient, plans: dict[int, Plan],
         requests.append(TopicPartition(opts.changelog, p, base.changelog_offset))
     if not requests:
         return
-    lows = {topic: low_watermarks(admin, topic, list(published), opts.timeout_s)
-            for topic in (opts.snapshots, opts.changelog)}
+    lows = {
+        topic: low_watermarks(admin, topic, list(published), opts.timeout_s)
+        for topic in (opts.snapshots, opts.changelog)
+    }
     requests = [tp for tp in requests if tp.offset > lows[tp.topic][tp.partition]]
     if not requests:
         return

@@ -23,8 +23,6 @@ KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
 pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]
 
 
-
-
 def _kafka_sh(*args: str) -> str:
     return subprocess.run([str(KAFKA_SH), *args], check=True, capture_output=True, text=True).stdout.strip()
 
@@ -94,20 +92,30 @@ class SecureBroker:
     passwords: dict[str, str]  # user -> password (admin is the super user)
 
     def client_config(self, user: str, password: str | None = None, ca_location: str | None = None) -> dict[str, str]:
-        return {"bootstrap.servers": self.bootstrap, "security.protocol": "SASL_SSL",
-                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user,
-                "sasl.password": self.passwords[user] if password is None else password,
-                "ssl.ca.location": ca_location or self.ca_location}
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": self.passwords[user] if password is None else password,
+            "ssl.ca.location": ca_location or self.ca_location,
+        }
 
 
 @pytest.fixture(scope="session")
 def kafka_secure() -> Iterator[SecureBroker]:
     was_running = _is_running("--secure")
     _kafka_sh("--secure", "start")
-    values = dict(line.split("=", 1) for line in Path(_kafka_sh("--secure", "credentials")).read_text().splitlines()
-                  if line and not line.startswith("#"))
-    passwords = {name[len("KAFKA_SECURE_"):-len("_PASSWORD")].lower(): value for name, value in values.items()
-                 if name.endswith("_PASSWORD") and name != "KAFKA_SECURE_KEYSTORE_PASSWORD"}
+    values = dict(
+        line.split("=", 1)
+        for line in Path(_kafka_sh("--secure", "credentials")).read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    passwords = {
+        name[len("KAFKA_SECURE_") : -len("_PASSWORD")].lower(): value
+        for name, value in values.items()
+        if name.endswith("_PASSWORD") and name != "KAFKA_SECURE_KEYSTORE_PASSWORD"
+    }
     yield SecureBroker(values["KAFKA_SECURE_BOOTSTRAP"], values["KAFKA_SECURE_CA"], passwords)
     if not was_running and os.environ.get("KEEP_KAFKA") != "1":
         _kafka_sh("--secure", "stop")

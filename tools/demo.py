@@ -18,9 +18,15 @@ from pipeline.testing.harness import Fleet, group_owners, wait_caught_up
 RECORDS = 60_000
 PARTITIONS = 3
 METRICS_PORTS = (9464, 9465)
-SHOWN_METRICS = ("pipeline_records_in_total", "pipeline_transactions_total", "pipeline_commit_latency_seconds_count",
-                 "pipeline_commit_latency_seconds_sum", "pipeline_restore_records_total",
-                 "pipeline_restore_snapshot_entries_total", "pipeline_dead_letters_total")
+SHOWN_METRICS = (
+    "pipeline_records_in_total",
+    "pipeline_transactions_total",
+    "pipeline_commit_latency_seconds_count",
+    "pipeline_commit_latency_seconds_sum",
+    "pipeline_restore_records_total",
+    "pipeline_restore_snapshot_entries_total",
+    "pipeline_dead_letters_total",
+)
 
 
 def say(message: str) -> None:
@@ -35,8 +41,12 @@ def main() -> None:
     inputs.produce_running_totals(bootstrap, source, RECORDS, partitions=PARTITIONS, poison_every=10_000)
     say(f"produced {RECORDS} running-totals records to {source} ({PARTITIONS} partitions, 1 in 10000 is poison)")
 
-    env = {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": source, "PIPELINE_OUTPUT_TOPIC": sink,
-           "PIPELINE_KAFKA_QUEUED_MAX_MESSAGES_KBYTES": "4096"}
+    env = {
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": source,
+        "PIPELINE_OUTPUT_TOPIC": sink,
+        "PIPELINE_KAFKA_QUEUED_MAX_MESSAGES_KBYTES": "4096",
+    }
     fleet = Fleet("pipeline.examples.running_totals:app", bootstrap, env, Path(tempfile.mkdtemp(prefix="demo-")))
     victim, survivor = (fleet.start(1, PIPELINE_METRICS_PORT=str(port))[0] for port in METRICS_PORTS)
     say(f"started two instances; logs in {fleet.log_dir}")
@@ -50,8 +60,15 @@ def main() -> None:
     compact_and_restart(bootstrap, app_id, source, fleet, survivor)
     fleet.stop_all()
 
-    verdict = checker.verify(app, bootstrap, input_topic=source, output_topic=sink, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app,
+        bootstrap,
+        input_topic=source,
+        output_topic=sink,
+        dead_letter_topic=f"{app_id}-dlq",
+        changelog_topic=f"{app_id}-changelog",
+        group_id=app_id,
+    )
     print(verdict.summary())
     raise SystemExit(0 if verdict.ok else 1)
 
@@ -72,15 +89,21 @@ def compact_and_restart(bootstrap: str, app_id: str, source: str, fleet: Fleet, 
     inputs.produce_running_totals(bootstrap, source, 3_000, partitions=PARTITIONS, seed=1)
     lag = wait_caught_up(bootstrap, app_id, source, PARTITIONS, 120)
     survivor.kill()
-    say(f"the survivor processed 3000 more records (remaining lag {lag or 0}); SIGKILL {survivor.name}; starting a "
-        "fresh instance")
+    say(
+        f"the survivor processed 3000 more records (remaining lag {lag or 0}); SIGKILL {survivor.name}; starting a "
+        "fresh instance"
+    )
     fleet.start(1, PIPELINE_METRICS_PORT=str(METRICS_PORTS[0]))
     base = f"http://127.0.0.1:{METRICS_PORTS[0]}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # every partition restored (ready alone is true while none is assigned yet)
         try:
-            restored = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode().count(
-                "pipeline_restore_snapshot_entries_total{")
+            restored = (
+                urllib.request.urlopen(f"{base}/metrics", timeout=2)
+                .read()
+                .decode()
+                .count("pipeline_restore_snapshot_entries_total{")
+            )
             if restored == PARTITIONS and urllib.request.urlopen(f"{base}/ready", timeout=2).status == 200:
                 break
         except OSError:  # not listening yet, or 503 while restoring

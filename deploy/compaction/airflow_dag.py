@@ -27,9 +27,7 @@ with DAG(
 ) as dag:
     compact = BashOperator(
         task_id="compact",
-        bash_command=(
-            f"snapshots compact --bootstrap-servers {BOOTSTRAP} --app-id {APP_ID} --master 'local[2]'"
-        ),
+        bash_command=(f"snapshots compact --bootstrap-servers {BOOTSTRAP} --app-id {APP_ID} --master 'local[2]'"),
     )
     show = BashOperator(
         task_id="show",

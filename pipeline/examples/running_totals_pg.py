@@ -39,8 +39,11 @@ class TotalsSink:
     )
     TOTALS = Table(
         "totals",
-        (Column("account", "text", "NOT NULL"), Column("count", "bigint", "NOT NULL"),
-         Column("sum", "bigint", "NOT NULL")),
+        (
+            Column("account", "text", "NOT NULL"),
+            Column("count", "bigint", "NOT NULL"),
+            Column("sum", "bigint", "NOT NULL"),
+        ),
         ("account",),
     )
     tables = (OUTPUTS, TOTALS)
@@ -53,10 +56,13 @@ class TotalsSink:
                 value = row.output.value
                 copy.write_row((row.partition, row.offset, row.output.key, value["id"], value["count"], value["sum"]))
                 latest[row.output.key] = value
-        upsert = sql.SQL("INSERT INTO {} (account, count, sum) VALUES (%s, %s, %s) ON CONFLICT (account) "
-                         "DO UPDATE SET count = EXCLUDED.count, sum = EXCLUDED.sum")
-        cur.executemany(upsert.format(target.table("totals")),
-                        [(account, v["count"], v["sum"]) for account, v in latest.items()])
+        upsert = sql.SQL(
+            "INSERT INTO {} (account, count, sum) VALUES (%s, %s, %s) ON CONFLICT (account) "
+            "DO UPDATE SET count = EXCLUDED.count, sum = EXCLUDED.sum"
+        )
+        cur.executemany(
+            upsert.format(target.table("totals")), [(account, v["count"], v["sum"]) for account, v in latest.items()]
+        )
 
     def read_back(self, conn: psycopg.Connection, target: Target) -> list[StoredOutput]:
         query = sql.SQL("SELECT row_id, input_partition, input_offset, account, id, count, sum FROM {}")
@@ -70,8 +76,11 @@ class TotalsSink:
         expected = {account: tuple(value) for state in states.values() for account, value in state.items()}
         query = sql.SQL("SELECT account, count, sum FROM {}").format(target.table("totals"))
         actual = {account: (count, total) for account, count, total in conn.execute(query)}
-        problems = [f"totals {a!r}: {actual.get(a)} != reference {expected.get(a)}"
-                    for a in sorted(actual.keys() | expected.keys()) if actual.get(a) != expected.get(a)]
+        problems = [
+            f"totals {a!r}: {actual.get(a)} != reference {expected.get(a)}"
+            for a in sorted(actual.keys() | expected.keys())
+            if actual.get(a) != expected.get(a)
+        ]
         return problems
 
 

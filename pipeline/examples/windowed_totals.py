@@ -35,8 +35,9 @@ def process(state: State, record: Record) -> Iterable[Output]:
     window_end = window_start + WINDOW_MS
     stream_time = state.timers.stream_time_ms
     if window_end + GRACE_MS <= stream_time:
-        raise Reject("late", f"window [{window_start}, {window_end}) of {record.key} closed at stream time "
-                             f"{stream_time}")
+        raise Reject(
+            "late", f"window [{window_start}, {window_end}) of {record.key} closed at stream time {stream_time}"
+        )
     amount = record.value["amount"]
     if not isinstance(amount, int):
         raise TypeError(f"amount must be an integer, got {amount!r}")
@@ -60,8 +61,9 @@ STEP_MS = 20  # event time advances this much per record
 LATE_EVERY = 97  # about one record in LATE_EVERY arrives 13-30 s late (after its window closed)
 
 
-def generate(n: int, partitions: int, seed: int = 0, accounts: int = 50,
-             start_ms: int | None = None) -> Iterator[tuple[int, bytes, bytes, int]]:
+def generate(
+    n: int, partitions: int, seed: int = 0, accounts: int = 50, start_ms: int | None = None
+) -> Iterator[tuple[int, bytes, bytes, int]]:
     """Record i: key "account-<k>", value {"id": i, "amount": <int>}, timestamp start_ms + i * STEP_MS, up to 1.5 s
     earlier (out of order, within the grace), or every LATE_EVERY-th on average 13-30 s earlier (late).
 

@@ -79,8 +79,14 @@ class Names:
         return f"{self.app_id}."
 
 
-def pipeline_acls(n: Names, *, stateful: bool = True, exactly_once: bool = True, create_internal_topics: bool = True,
-                  snapshot_on_shutdown: bool = False) -> list[Acl]:
+def pipeline_acls(
+    n: Names,
+    *,
+    stateful: bool = True,
+    exactly_once: bool = True,
+    create_internal_topics: bool = True,
+    snapshot_on_shutdown: bool = False,
+) -> list[Acl]:
     """What `pipeline run` with the Kafka sink needs, and nothing more. A stateless app has no changelog and no
     snapshots; at_least_once has no transactional producers."""
     acls = [
@@ -90,22 +96,34 @@ def pipeline_acls(n: Names, *, stateful: bool = True, exactly_once: bool = True,
     if stateful:
         acls += [
             Acl("topic", n.changelog, ("READ", "WRITE"), "state changes and checkpoints; read back by restores"),
-            Acl("topic", n.snapshots, ("READ", "WRITE") if snapshot_on_shutdown else ("READ",),
-                "full snapshots read by restores" + (" and written on shutdown" if snapshot_on_shutdown else "")),
+            Acl(
+                "topic",
+                n.snapshots,
+                ("READ", "WRITE") if snapshot_on_shutdown else ("READ",),
+                "full snapshots read by restores" + (" and written on shutdown" if snapshot_on_shutdown else ""),
+            ),
         ]
     acls += [
         Acl("topic", n.dead_letters, ("WRITE",), "dead letters"),
         Acl("group", n.app_id, ("READ",), "membership, committed offsets, send_offsets_to_transaction"),
     ]
     if exactly_once:
-        acls.append(Acl("transactional-id", n.transactional_id_prefix, ("WRITE", "DESCRIBE"),
-                        "the transactional producers, named app_id.input_topic.<partition> (PRODUCERS=per_partition) "
-                        "or app_id.input_topic.process-<id> (per_process)",
-                        prefixed=True))
+        acls.append(
+            Acl(
+                "transactional-id",
+                n.transactional_id_prefix,
+                ("WRITE", "DESCRIBE"),
+                "the transactional producers, named app_id.input_topic.<partition> (PRODUCERS=per_partition) "
+                "or app_id.input_topic.process-<id> (per_process)",
+                prefixed=True,
+            )
+        )
     if create_internal_topics:
         internal = (n.changelog, n.snapshots, n.dead_letters) if stateful else (n.dead_letters,)
-        acls += [Acl("topic", t, ("CREATE",), "created at start-up if missing (pre-create them and drop this)")
-                 for t in internal]
+        acls += [
+            Acl("topic", t, ("CREATE",), "created at start-up if missing (pre-create them and drop this)")
+            for t in internal
+        ]
     return acls
 
 
@@ -113,9 +131,13 @@ def service_acls(n: Names, settings: Settings, *, stateful: bool, create_interna
     """What `pipeline run` needs with these settings (sink, guarantee, snapshots on shutdown)."""
     if settings.sink == "postgres":
         return postgres_acls(n)
-    return pipeline_acls(n, stateful=stateful, exactly_once=settings.exactly_once,
-                         create_internal_topics=create_internal_topics,
-                         snapshot_on_shutdown=settings.snapshot_on_shutdown)
+    return pipeline_acls(
+        n,
+        stateful=stateful,
+        exactly_once=settings.exactly_once,
+        create_internal_topics=create_internal_topics,
+        snapshot_on_shutdown=settings.snapshot_on_shutdown,
+    )
 
 
 def postgres_acls(n: Names) -> list[Acl]:
@@ -134,19 +156,28 @@ def compaction_acls(n: Names, keep_history: bool = False) -> list[Acl]:
     acls = [
         Acl("topic", n.changelog, ("READ",), "the changelog since the base snapshot (Spark's Kafka source)"),
         Acl("topic", n.snapshots, ("READ", "WRITE"), "base snapshots in, new chunks and manifests out"),
-        Acl("transactional-id", f"{n.app_id}.{SNAPSHOT_PUBLISHER}", ("WRITE", "DESCRIBE"),
-            "manifests published in one transaction, fencing a concurrent run"),
+        Acl(
+            "transactional-id",
+            f"{n.app_id}.{SNAPSHOT_PUBLISHER}",
+            ("WRITE", "DESCRIBE"),
+            "manifests published in one transaction, fencing a concurrent run",
+        ),
     ]
     if not keep_history:
-        acls += [Acl("topic", t, ("DELETE",), "retention: delete_records below the previous generation")
-                 for t in (n.changelog, n.snapshots)]
+        acls += [
+            Acl("topic", t, ("DELETE",), "retention: delete_records below the previous generation")
+            for t in (n.changelog, n.snapshots)
+        ]
     return acls
 
 
 # -- rendering and applying ------------------------------------------------------------------------------------------
 _RESOURCE_FLAG = {"topic": "--topic", "group": "--group", "transactional-id": "--transactional-id"}
-_RESOURCE_TYPE = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP,
-                  "transactional-id": ResourceType.TRANSACTIONAL_ID}
+_RESOURCE_TYPE = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "transactional-id": ResourceType.TRANSACTIONAL_ID,
+}
 
 
 def kafka_acls_lines(principal: str, acls: Iterable[Acl], command: str = "$ACLS") -> list[str]:
@@ -155,8 +186,10 @@ def kafka_acls_lines(principal: str, acls: Iterable[Acl], command: str = "$ACLS"
     for acl in acls:
         operations = " ".join(f"--operation {op.capitalize()}" for op in acl.operations)
         pattern = " --resource-pattern-type prefixed" if acl.prefixed else ""
-        lines.append(f"{command} --add --allow-principal {principal} {operations} "
-                     f"{_RESOURCE_FLAG[acl.resource]} {acl.name}{pattern}")
+        lines.append(
+            f"{command} --add --allow-principal {principal} {operations} "
+            f"{_RESOURCE_FLAG[acl.resource]} {acl.name}{pattern}"
+        )
     return lines
 
 
@@ -171,17 +204,28 @@ def markdown_table(acls: Iterable[Acl]) -> list[str]:
 def bindings(principal: str, acls: Iterable[Acl]) -> list[AclBinding]:
     """The admin client's form: one binding per (resource, operation)."""
     return [
-        AclBinding(_RESOURCE_TYPE[acl.resource], acl.name,
-                   ResourcePatternType.PREFIXED if acl.prefixed else ResourcePatternType.LITERAL,
-                   principal, "*", AclOperation[op], AclPermissionType.ALLOW)
-        for acl in acls for op in acl.operations
+        AclBinding(
+            _RESOURCE_TYPE[acl.resource],
+            acl.name,
+            ResourcePatternType.PREFIXED if acl.prefixed else ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation[op],
+            AclPermissionType.ALLOW,
+        )
+        for acl in acls
+        for op in acl.operations
     ]
 
 
 def binding_filters(principal: str, acls: Iterable[Acl]) -> list[AclBindingFilter]:
     """Filters matching exactly `bindings(principal, acls)`, for delete_acls."""
-    return [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
-                             b.permission_type) for b in bindings(principal, acls)]
+    return [
+        AclBindingFilter(
+            b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+        )
+        for b in bindings(principal, acls)
+    ]
 
 
 # -- the admin's client settings for --apply ---------------------------------------------------------------------------

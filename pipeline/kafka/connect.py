@@ -58,9 +58,11 @@ def connect_check(settings: Settings, timeout_s: float | None = None) -> None:
         except KafkaException as e:
             errors.append(e.args[0])
     last = f" (last error: {errors[-1].str()})" if errors else ""
-    raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s from "
-                      f"{settings.bootstrap_servers!r}{last}; check PIPELINE_BOOTSTRAP_SERVERS and "
-                      f"{kafka_setting('security.protocol')}")
+    raise ConfigError(
+        f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s from "
+        f"{settings.bootstrap_servers!r}{last}; check PIPELINE_BOOTSTRAP_SERVERS and "
+        f"{kafka_setting('security.protocol')}"
+    )
 
 
 def refusal(error: KafkaError) -> str | None:
@@ -69,12 +71,16 @@ def refusal(error: KafkaError) -> str | None:
     if error.code() == KafkaError._AUTHENTICATION:
         if "mechanism" in text.lower() and "unsupported" in text.lower():
             return f"{kafka_setting('sasl.mechanisms')}: the broker refuses this SASL mechanism ({text})"
-        return (f"{kafka_setting('sasl.username')} / {kafka_setting('sasl.password')}: authentication failed, the "
-                f"broker does not accept this user name and password ({text})")
+        return (
+            f"{kafka_setting('sasl.username')} / {kafka_setting('sasl.password')}: authentication failed, the "
+            f"broker does not accept this user name and password ({text})"
+        )
     if error.code() == KafkaError._SSL:
         if "certificate verify failed" in text:
-            return (f"{kafka_setting('ssl.ca.location')}: the broker's certificate is not trusted (not signed by that "
-                    f"CA, or not issued for the host in PIPELINE_BOOTSTRAP_SERVERS) ({text})")
+            return (
+                f"{kafka_setting('ssl.ca.location')}: the broker's certificate is not trusted (not signed by that "
+                f"CA, or not issued for the host in PIPELINE_BOOTSTRAP_SERVERS) ({text})"
+            )
         return f"TLS handshake failed: check the PIPELINE_KAFKA_SSL_* settings ({text})"
     return None
 

@@ -77,8 +77,7 @@ def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], ti
     """The last stable offset per partition (ListOffsets with read_committed), with a bounded wait."""
     request = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
     try:
-        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
-                                     request_timeout=timeout_s)
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s)
         return {tp.partition: f.result(timeout=timeout_s).offset for tp, f in futures.items()}
     except (KafkaException, TimeoutError) as e:
         raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e})") from e

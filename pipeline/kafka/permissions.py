@@ -36,8 +36,11 @@ log = logging.getLogger(__name__)
 BEFORE_TOPICS = "before-topics"
 AFTER_TOPICS = "after-topics"
 HINT = "Grant it (deploy/SECURITY.md; `pipeline acls MODULE:ATTR` prints the commands) and start again"
-_DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
-           KafkaError.CLUSTER_AUTHORIZATION_FAILED)
+_DENIED = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+)
 
 
 class MissingPermission(ConfigError):
@@ -50,12 +53,18 @@ def check_service(admin: AdminClient, names: Names, settings: Settings, *, state
     if phase not in (BEFORE_TOPICS, AFTER_TOPICS):
         raise ValueError(f"phase must be {BEFORE_TOPICS!r} or {AFTER_TOPICS!r}, not {phase!r}")
     principal = settings.kafka.get("sasl.username")
-    check(admin, service_acls(names, settings, stateful=stateful), settings.request_timeout_ms / 1000,
-          before_topics=phase == BEFORE_TOPICS, principal=f"sasl.username {principal!r}" if principal else "")
+    check(
+        admin,
+        service_acls(names, settings, stateful=stateful),
+        settings.request_timeout_ms / 1000,
+        before_topics=phase == BEFORE_TOPICS,
+        principal=f"sasl.username {principal!r}" if principal else "",
+    )
 
 
-def check(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, *, before_topics: bool = True,
-          principal: str = "") -> None:
+def check(
+    admin: AdminClient, needed: Sequence[Acl], timeout_s: float, *, before_topics: bool = True, principal: str = ""
+) -> None:
     """Raises MissingPermission naming every topic or group operation of `needed` the principal may not perform;
     with `before_topics`, also CREATE on the topics that do not exist and the groups."""
     for attempt in (1, 2):  # asked twice: one broker of several restarting must not fail the start
@@ -66,20 +75,26 @@ def check(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, *, before
             break
         except TimeoutError as e:  # no broker answered: the same bounded, clear error as the topic checks give
             if attempt == 2:
-                raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s, asked twice (the "
-                                  "permission check got no answer)") from e
+                raise ConfigError(
+                    f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s, asked twice (the "
+                    "permission check got no answer)"
+                ) from e
             log.warning("permission check: no answer within %.0fs; asking once more", timeout_s)
     if gaps:
-        raise MissingPermission(f"missing Kafka permission{'s' if len(gaps) > 1 else ''}"
-                                f"{f' ({principal})' if principal else ''}: {'; '.join(gaps)}. {HINT}")
+        raise MissingPermission(
+            f"missing Kafka permission{'s' if len(gaps) > 1 else ''}"
+            f"{f' ({principal})' if principal else ''}: {'; '.join(gaps)}. {HINT}"
+        )
 
 
 def missing_transactional_id(error: KafkaError, transactional_id: str) -> MissingPermission | None:
     """The clear form of a fence that failed for want of a transactional-id ACL, or None for other errors."""
     if error.code() != KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
         return None
-    return MissingPermission(f"missing Kafka permission: WRITE and DESCRIBE on transactional-id {transactional_id!r} "
-                             f"(init_transactions refused: TRANSACTIONAL_ID_AUTHORIZATION_FAILED). {HINT}")
+    return MissingPermission(
+        f"missing Kafka permission: WRITE and DESCRIBE on transactional-id {transactional_id!r} "
+        f"(init_transactions refused: TRANSACTIONAL_ID_AUTHORIZATION_FAILED). {HINT}"
+    )
 
 
 def _topic_gaps(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, before_topics: bool) -> list[str]:
@@ -92,8 +107,9 @@ def _topic_gaps(admin: AdminClient, needed: Sequence[Acl], timeout_s: float, bef
             uses[acl.name].append(acl)
     if not uses:
         return []
-    futures = admin.describe_topics(TopicCollection(list(uses)), include_authorized_operations=True,
-                                    request_timeout=timeout_s)
+    futures = admin.describe_topics(
+        TopicCollection(list(uses)), include_authorized_operations=True, request_timeout=timeout_s
+    )
     gaps, absent = [], []
     for name, future in futures.items():
         try:
@@ -117,8 +133,9 @@ def _create_gaps(admin: AdminClient, acls: list[Acl], timeout_s: float) -> list[
     """CREATE on topics that do not exist, asked with a validate-only request (nothing is created)."""
     if not acls:
         return []
-    futures = admin.create_topics([NewTopic(acl.name, 1) for acl in acls], validate_only=True,
-                                  request_timeout=timeout_s)
+    futures = admin.create_topics(
+        [NewTopic(acl.name, 1) for acl in acls], validate_only=True, request_timeout=timeout_s
+    )
     gaps = []
     for acl in acls:
         try:
@@ -134,8 +151,9 @@ def _create_gaps(admin: AdminClient, acls: list[Acl], timeout_s: float) -> list[
 def _group_gaps(admin: AdminClient, groups: list[Acl], timeout_s: float) -> list[str]:
     if not groups:
         return []
-    futures = admin.describe_consumer_groups([acl.name for acl in groups], include_authorized_operations=True,
-                                             request_timeout=timeout_s)
+    futures = admin.describe_consumer_groups(
+        [acl.name for acl in groups], include_authorized_operations=True, request_timeout=timeout_s
+    )
     gaps = []
     for acl in groups:
         try:
@@ -168,5 +186,6 @@ def _lacking(acls: list[Acl], granted: set[str] | None) -> list[str]:
 
 def _gap(acl: Acl, operations: tuple[str, ...], granted: str | None) -> str:
     """`WRITE on topic 'x-dlq' (dead letters; granted: DESCRIBE)`."""
-    return (f"{' and '.join(operations)} on {acl.resource} {acl.name!r} ({acl.why}"
-            + (f"; granted: {granted})" if granted is not None else ")"))
+    return f"{' and '.join(operations)} on {acl.resource} {acl.name!r} ({acl.why}" + (
+        f"; granted: {granted})" if granted is not None else ")"
+    )

@@ -61,15 +61,21 @@ class PgRunner(PollLoop):
         if settings.sink != "postgres":
             raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
         if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
-            raise ConfigError(f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
-                              "state_version) are Kafka-mode only; SINK=postgres cannot run this App")
+            raise ConfigError(
+                f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
+                "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
+            )
         super().__init__(settings)
         self.app = app
         self.app_id = settings.app_id or app.name
         self.input_topic = settings.input_topic or app.input_topic
         self.sink = sink_of(app)
-        self.db_errors = Counter("pipeline_postgres_errors", "Failed database steps (take-over or batch)",
-                                 ["partition"], registry=self.metrics.registry)
+        self.db_errors = Counter(
+            "pipeline_postgres_errors",
+            "Failed database steps (take-over or batch)",
+            ["partition"],
+            registry=self.metrics.registry,
+        )
         self.workers: dict[int, PgWorker] = {}
         self._retry_at: dict[int, float] = {}  # p's worker is NEW: take p over then
         self._backoff: dict[int, float] = {}
@@ -85,25 +91,48 @@ class PgRunner(PollLoop):
             return
         s = self.settings
         admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
-        check_service(admin, Names(self.app_id, self.input_topic, ""), s, stateful=self.app.stateful,
-                      phase=BEFORE_TOPICS)
+        check_service(
+            admin, Names(self.app_id, self.input_topic, ""), s, stateful=self.app.stateful, phase=BEFORE_TOPICS
+        )
         if self.input_topic not in partition_counts(admin, self._timeout_s, needed=[self.input_topic]):
-            raise ConfigError(f"INPUT_TOPIC: topic {self.input_topic!r} does not exist "
-                              "(create it: pipeline topics create ...)")
+            raise ConfigError(
+                f"INPUT_TOPIC: topic {self.input_topic!r} does not exist (create it: pipeline topics create ...)"
+            )
         client_id = s.kafka.get("client.id", "")
         owner = f"{socket.gethostname()}:{os.getpid()}" + (f":{client_id}" if client_id else "")
         kwargs = connection_kwargs(s, f"pipeline {self.app_id} {owner}")
         version = prepare_database(s.postgres_dsn, kwargs, s.postgres_schema, self.sink.tables, 3 * self._timeout_s)
         self.pool = psycopg_pool.ConnectionPool(
-            s.postgres_dsn, min_size=1, max_size=s.postgres_pool_size, kwargs={**kwargs, "autocommit": True},
-            check=psycopg_pool.ConnectionPool.check_connection, name=f"pipeline-{self.app_id}", open=False,
+            s.postgres_dsn,
+            min_size=1,
+            max_size=s.postgres_pool_size,
+            kwargs={**kwargs, "autocommit": True},
+            check=psycopg_pool.ConnectionPool.check_connection,
+            name=f"pipeline-{self.app_id}",
+            open=False,
         )
         self.pool.open(wait=False)
-        self.ctx = WorkerContext(self.app, s, self.app_id, self.input_topic, self.pool, self.sink, self.metrics,
-                                 owner, pool_wait_s=min(POOL_WAIT_S, self._timeout_s))
+        self.ctx = WorkerContext(
+            self.app,
+            s,
+            self.app_id,
+            self.input_topic,
+            self.pool,
+            self.sink,
+            self.metrics,
+            owner,
+            pool_wait_s=min(POOL_WAIT_S, self._timeout_s),
+        )
         self.consumer = Consumer(consumer_config(s, self.app_id))
-        log.info("%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)", self.app_id, self.app.name,
-                 self.input_topic, describe_dsn(s.postgres_dsn), s.postgres_schema, version)
+        log.info(
+            "%s: %s from %s into PostgreSQL %s schema %s (tables at version %d)",
+            self.app_id,
+            self.app.name,
+            self.input_topic,
+            describe_dsn(s.postgres_dsn),
+            s.postgres_schema,
+            version,
+        )
 
     def _shutdown(self) -> None:
         for p in list(self.workers):
@@ -167,13 +196,17 @@ class PgRunner(PollLoop):
         if isinstance(error, Fenced):
             self.metrics.fenced.inc()
             delay = REFENCE_AFTER_S
-            log.warning("p%d: fenced, batch rolled back: %s; taking p over again in %.1fs if still assigned",
-                        p, error, delay)
+            log.warning(
+                "p%d: fenced, batch rolled back: %s; taking p over again in %.1fs if still assigned", p, error, delay
+            )
         else:
             self.db_errors.labels(str(p)).inc()
             delay = self._next_backoff(p)
-            what = "take-over (fence + restore) failed" if self.workers[p].epoch is None else \
-                "PostgreSQL write failed, batch rolled back"
+            what = (
+                "take-over (fence + restore) failed"
+                if self.workers[p].epoch is None
+                else "PostgreSQL write failed, batch rolled back"
+            )
             log.warning("p%d: %s: %s; retrying in %.1fs", p, what, error, delay)
         self._make_pending(p, delay)
 
@@ -219,8 +252,9 @@ class PgRunner(PollLoop):
         for worker in restoring:
             try:
                 if worker.restore_step(budget_s):
-                    log.info("p%d restored: %d keys in %.2fs", worker.partition, worker.restored_keys,
-                             worker.restore_seconds)
+                    log.info(
+                        "p%d restored: %d keys in %.2fs", worker.partition, worker.restored_keys, worker.restore_seconds
+                    )
             except (Fenced, WriteFailed) as e:
                 self._failed(worker.partition, e)
 
@@ -273,8 +307,12 @@ class PgRunner(PollLoop):
         for p, error in failed:
             self._failed(p, error)
         self.metrics.assigned.set(len(self.workers))
-        log.info("assigned %s: offsets from the database %s, epochs %s; restoring their state", ps,
-                 {p: self.workers[p].committed_offset for p in taken}, {p: self.workers[p].epoch for p in taken})
+        log.info(
+            "assigned %s: offsets from the database %s, epochs %s; restoring their state",
+            ps,
+            {p: self.workers[p].committed_offset for p in taken},
+            {p: self.workers[p].epoch for p in taken},
+        )
 
     def _owned_partitions(self) -> dict[int, PgWorker]:
         return self.workers
@@ -285,8 +323,7 @@ class PgRunner(PollLoop):
             try:
                 worker.commit()
             except (Fenced, WriteFailed) as e:
-                log.warning("p%d: not committed on close (%d records left to the next owner): %s", p,
-                            worker.pending, e)
+                log.warning("p%d: not committed on close (%d records left to the next owner): %s", p, worker.pending, e)
         self._forget(p)
 
     def _forget(self, p: int) -> None:

@@ -52,8 +52,9 @@ class Table:
         return sql.Identifier(schema, self.name)
 
     def create_sql(self, schema: str) -> sql.Composed:
-        parts = [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(f"{c.type} {c.ddl}".strip()))
-                 for c in self.columns]
+        parts = [
+            sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(f"{c.type} {c.ddl}".strip())) for c in self.columns
+        ]
         if self.primary_key:
             parts.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, self.primary_key))))
         return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self.ident(schema), sql.SQL(", ").join(parts))
@@ -129,8 +130,10 @@ def connection_kwargs(settings: Settings, application_name: str) -> dict:
     next owner's fence; the server ends such a session after this long, which also rolls its transaction back.
     lock_timeout and statement_timeout bound every wait (request_timeout_ms)."""
     timeout_ms = settings.request_timeout_ms
-    options = (f"-c idle_in_transaction_session_timeout={settings.postgres_idle_in_transaction_timeout_ms} "
-               f"-c lock_timeout={timeout_ms} -c statement_timeout={timeout_ms}")
+    options = (
+        f"-c idle_in_transaction_session_timeout={settings.postgres_idle_in_transaction_timeout_ms} "
+        f"-c lock_timeout={timeout_ms} -c statement_timeout={timeout_ms}"
+    )
     return {
         "connect_timeout": max(2, timeout_ms // 1000),
         "application_name": application_name[:63],
@@ -148,12 +151,25 @@ def permanent_connect_error(dsn: str, error: psycopg.OperationalError) -> Postgr
     where = describe_dsn(dsn)
     if "does not exist" in text and "database" in text:
         dbname = conninfo_to_dict(dsn).get("dbname", "?")
-        return PostgresSetupError(f"POSTGRES_DSN {where}: database {dbname!r} does not exist. Create it "
-                                  f"(CREATE DATABASE {dbname}) or point POSTGRES_DSN at another one.")
-    if any(s in text for s in ("password authentication failed", "authentication failed", "no pg_hba.conf entry",
-                               "role \"", "password is required", "permission denied")):
-        return PostgresSetupError(f"POSTGRES_DSN {where}: PostgreSQL refused the credentials: "
-                                  f"{_server_message(text)}. Check the user and password in POSTGRES_DSN.")
+        return PostgresSetupError(
+            f"POSTGRES_DSN {where}: database {dbname!r} does not exist. Create it "
+            f"(CREATE DATABASE {dbname}) or point POSTGRES_DSN at another one."
+        )
+    if any(
+        s in text
+        for s in (
+            "password authentication failed",
+            "authentication failed",
+            "no pg_hba.conf entry",
+            'role "',
+            "password is required",
+            "permission denied",
+        )
+    ):
+        return PostgresSetupError(
+            f"POSTGRES_DSN {where}: PostgreSQL refused the credentials: "
+            f"{_server_message(text)}. Check the user and password in POSTGRES_DSN."
+        )
     return None
 
 
@@ -173,8 +189,10 @@ def connect_checked(dsn: str, kwargs: dict, timeout_s: float) -> psycopg.Connect
             if (permanent := permanent_connect_error(dsn, e)) is not None:
                 raise permanent from None
             if time.monotonic() + delay > deadline:
-                raise PostgresSetupError(f"POSTGRES_DSN {describe_dsn(dsn)}: PostgreSQL not reachable within "
-                                         f"{timeout_s:.0f}s: {_server_message(str(e))}") from None
+                raise PostgresSetupError(
+                    f"POSTGRES_DSN {describe_dsn(dsn)}: PostgreSQL not reachable within "
+                    f"{timeout_s:.0f}s: {_server_message(str(e))}"
+                ) from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -189,10 +207,13 @@ def prepare_database(dsn: str, kwargs: dict, schema: str, tables: Sequence[Table
                 return ensure_schema(conn, schema, tables)
             except psycopg.OperationalError as e:
                 if time.monotonic() > deadline:
-                    raise PostgresSetupError(f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
-                                             f"schema {schema!r}: {_server_message(str(e))}") from None
-                log.warning("connection lost while preparing schema %r (%s); connecting again", schema,
-                            _server_message(str(e)))
+                    raise PostgresSetupError(
+                        f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
+                        f"schema {schema!r}: {_server_message(str(e))}"
+                    ) from None
+                log.warning(
+                    "connection lost while preparing schema %r (%s); connecting again", schema, _server_message(str(e))
+                )
         time.sleep(0.2)
 
 
@@ -221,8 +242,10 @@ def ensure_schema(conn: psycopg.Connection, schema: str, tables: Sequence[Table]
                 conn.execute(table.create_sql(schema))
         if version < LATEST_VERSION:
             conn.execute(
-                sql.SQL("INSERT INTO {} (component, version) VALUES (%s, %s) ON CONFLICT (component) "
-                        "DO UPDATE SET version = EXCLUDED.version").format(SCHEMA_VERSION.ident(schema)),
+                sql.SQL(
+                    "INSERT INTO {} (component, version) VALUES (%s, %s) ON CONFLICT (component) "
+                    "DO UPDATE SET version = EXCLUDED.version"
+                ).format(SCHEMA_VERSION.ident(schema)),
                 (COMPONENT, LATEST_VERSION),
             )
         for table in tables:
@@ -237,7 +260,8 @@ def _check_tables(conn: psycopg.Connection, schema: str, tables: Iterable[Table]
         problems += table_problems(conn, schema, table)
     if problems:
         raise PostgresSetupError(
-            "tables do not match what the pipeline writes: " + "; ".join(problems)
+            "tables do not match what the pipeline writes: "
+            + "; ".join(problems)
             + ". Migrate them by hand or drop them (missing tables are created on start-up)."
         )
 
@@ -249,10 +273,13 @@ def table_problems(conn: psycopg.Connection, schema: str, table: Table) -> list[
     oid = oid.fetchone()[0]
     if oid is None:
         return [f"{name} does not exist"]
-    have = dict(conn.execute(
-        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (oid,)
-    ).fetchall())
+    have = dict(
+        conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+            (oid,),
+        ).fetchall()
+    )
     problems = []
     for column in table.columns:
         if column.name not in have:
@@ -260,11 +287,16 @@ def table_problems(conn: psycopg.Connection, schema: str, table: Table) -> list[
         elif have[column.name] != column.type:
             problems.append(f"{name}.{column.name} is {have[column.name]}, expected {column.type}")
     if table.primary_key:
-        pk = [r[0] for r in conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary", (oid,)
-        ).fetchall()]
+        pk = [
+            r[0]
+            for r in conn.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s AND i.indisprimary",
+                (oid,),
+            ).fetchall()
+        ]
         if sorted(pk) != sorted(table.primary_key):
-            problems.append(f"{name} has primary key ({', '.join(pk) or 'none'}), expected "
-                            f"({', '.join(table.primary_key)})")
+            problems.append(
+                f"{name} has primary key ({', '.join(pk) or 'none'}), expected ({', '.join(table.primary_key)})"
+            )
     return problems

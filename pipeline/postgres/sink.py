@@ -95,16 +95,27 @@ class BytesOutputs:
         with cur.copy(statement.format(target.table(self.TABLE.name))) as copy:
             for row in rows:
                 out = row.output
-                copy.write_row((target.app_id, row.partition, row.offset, app.output_key_serde.serialize(out.key),
-                                app.output_value_serde.serialize(out.value)))
+                copy.write_row(
+                    (
+                        target.app_id,
+                        row.partition,
+                        row.offset,
+                        app.output_key_serde.serialize(out.key),
+                        app.output_value_serde.serialize(out.value),
+                    )
+                )
 
     def read_back(self, conn: psycopg.Connection, target: Target) -> list[StoredOutput]:
         app = target.app
         query = sql.SQL("SELECT row_id, input_partition, input_offset, key, value FROM {} WHERE app_id = %s")
         rows = conn.execute(query.format(target.table(self.TABLE.name)), (target.app_id,)).fetchall()
         return [
-            StoredOutput(order, p, offset, Output(key=app.output_key_serde.deserialize(key),
-                                                  value=app.output_value_serde.deserialize(value)))
+            StoredOutput(
+                order,
+                p,
+                offset,
+                Output(key=app.output_key_serde.deserialize(key), value=app.output_value_serde.deserialize(value)),
+            )
             for order, p, offset, key, value in rows
         ]
 

@@ -108,8 +108,9 @@ class PgWorker(Lifecycle):
         self._batch_first_timestamp = self._batch_last_timestamp = 0  # of its input records (ms): end-to-end latency
         self._records_in = ctx.metrics.records_in.labels(self.label)
         self._records_out = ctx.metrics.records_out.labels(self.label)
-        self._attempts = Attempts.of(ctx.settings, ctx.metrics.processing_errors.labels(self.label),
-                                     ctx.metrics.dead_letters)
+        self._attempts = Attempts.of(
+            ctx.settings, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters
+        )
         offsets, state, dead = (ctx.table(t.name) for t in (OFFSETS, STATE, DEAD_LETTERS))
         self._sql_fence = sql.SQL(
             "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
@@ -119,8 +120,10 @@ class PgWorker(Lifecycle):
         self._sql_read_offset = sql.SQL(
             "SELECT next_offset, epoch, owner FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s"
         ).format(t=offsets)
-        read_page = "SELECT key, value FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s {after} " \
-            "ORDER BY key LIMIT %s"  # the primary key's index: each page is an index range scan
+        read_page = (
+            "SELECT key, value FROM {t} WHERE app_id = %s AND topic = %s AND input_partition = %s {after} "
+            "ORDER BY key LIMIT %s"
+        )  # the primary key's index: each page is an index range scan
         self._sql_first_page = sql.SQL(read_page).format(t=state, after=sql.SQL(""))
         self._sql_next_page = sql.SQL(read_page).format(t=state, after=sql.SQL("AND key > %s"))
         self._sql_advance = sql.SQL(
@@ -151,8 +154,9 @@ class PgWorker(Lifecycle):
         self._restore_started = time.monotonic()
         try:
             with self._connection() as conn, conn.transaction():
-                self.epoch, self.committed_offset = conn.execute(self._sql_fence, (*self._where, self.ctx.owner)) \
-                    .fetchone()
+                self.epoch, self.committed_offset = conn.execute(
+                    self._sql_fence, (*self._where, self.ctx.owner)
+                ).fetchone()
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
             self.epoch = None  # fenced maybe, but not usable
             raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
@@ -195,8 +199,7 @@ class PgWorker(Lifecycle):
         if self._restored_up_to is None:
             rows = conn.execute(self._sql_first_page, (*self._where, RESTORE_PAGE_ROWS)).fetchall()
         else:
-            rows = conn.execute(self._sql_next_page, (*self._where, self._restored_up_to, RESTORE_PAGE_ROWS)) \
-                .fetchall()
+            rows = conn.execute(self._sql_next_page, (*self._where, self._restored_up_to, RESTORE_PAGE_ROWS)).fetchall()
         self.state.load(dict(rows))  # bytea arrives as bytes: one C-level update
         if len(rows) < RESTORE_PAGE_ROWS:
             return True
@@ -206,8 +209,9 @@ class PgWorker(Lifecycle):
     def _check_still_ours(self, conn: psycopg.Connection) -> None:
         _, epoch, owner = conn.execute(self._sql_read_offset, self._where).fetchone()
         if epoch != self.epoch:
-            raise Fenced(f"p{self.partition}: fenced during the restore (epoch {epoch} of {owner}, ours was "
-                         f"{self.epoch})")
+            raise Fenced(
+                f"p{self.partition}: fenced during the restore (epoch {epoch} of {owner}, ours was {self.epoch})"
+            )
 
     def positioned(self) -> None:
         """The consumer reads p from the restored offset now (assigned there, or the seek took effect)."""
@@ -258,8 +262,11 @@ class PgWorker(Lifecycle):
 
     def commit_deadline(self) -> float | None:
         s = self.ctx.settings
-        return commit_deadline(self._batch_started, self._batch_records, s.commit_interval_ms, s.commit_max_records) \
-            if self._batch_records else None
+        return (
+            commit_deadline(self._batch_started, self._batch_records, s.commit_interval_ms, s.commit_max_records)
+            if self._batch_records
+            else None
+        )
 
     def commit(self) -> None:
         """Writes the batch and advances p's offset in one transaction, or raises Fenced / WriteFailed with nothing
@@ -295,8 +302,13 @@ class PgWorker(Lifecycle):
         if cur.rowcount != 1:
             current = cur.execute(self._sql_read_offset, self._where).fetchone()
             now = f"epoch {current[1]} of {current[2]}" if current else "no offsets row"
-            log.warning("p%d: epoch check failed: epoch %s is not ours any more (%s); rolling back %d records",
-                        self.partition, self.epoch, now, self._batch_records)
+            log.warning(
+                "p%d: epoch check failed: epoch %s is not ours any more (%s); rolling back %d records",
+                self.partition,
+                self.epoch,
+                now,
+                self._batch_records,
+            )
             raise Fenced(f"p{self.partition}: epoch {self.epoch} fenced ({now})")
 
     def _write_state(self, cur: psycopg.Cursor) -> None:
@@ -313,10 +325,22 @@ class PgWorker(Lifecycle):
 
     def _write_dead_letters(self, cur: psycopg.Cursor) -> None:
         if self._dead:
-            cur.executemany(self._sql_dead_letter, [
-                (*self._where[:2], d.partition, d.offset, d.key, d.value, d.error_type, d.error_message[:2000],
-                 d.attempts) for d in self._dead
-            ])
+            cur.executemany(
+                self._sql_dead_letter,
+                [
+                    (
+                        *self._where[:2],
+                        d.partition,
+                        d.offset,
+                        d.key,
+                        d.value,
+                        d.error_type,
+                        d.error_message[:2000],
+                        d.attempts,
+                    )
+                    for d in self._dead
+                ],
+            )
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection]:

@@ -1,16 +1,16 @@
 """A partition's state and how it survives: the in-memory store, its changelog, full snapshots and restore.
 
-    store.py            PartitionState: values kept encoded, undo logs per record and per transaction
-    changelog.py        the changelog record format (state changes + one checkpoint per transaction)
-    snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one chunk verifier (the restore and
-                        the Spark job in snapshots/ both use it)
-    snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
-    snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
-                        running pipeline (SNAPSHOT_ON_SHUTDOWN)
-    restore.py          restore = newest complete snapshot + changelog since, stepped between polls (RestoreManager)
-    timers.py           TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
-                        travel with the state (changelog, snapshots, restore, compaction)
-    versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore
+store.py            PartitionState: values kept encoded, undo logs per record and per transaction
+changelog.py        the changelog record format (state changes + one checkpoint per transaction)
+snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one chunk verifier (the restore and
+                    the Spark job in snapshots/ both use it)
+snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
+snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
+                    running pipeline (SNAPSHOT_ON_SHUTDOWN)
+restore.py          restore = newest complete snapshot + changelog since, stepped between polls (RestoreManager)
+timers.py           TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
+                    travel with the state (changelog, snapshots, restore, compaction)
+versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore
 """
 
 from pipeline.state.store import PartitionState

@@ -15,9 +15,7 @@ RestoreError that says what is missing and how to repair it; it never starts fro
 deleted under a running restore (the compaction job's retention) make it start over, a bounded number of times.
 `records` counts changelog records read, `snapshot_entries` the state entries taken from the snapshot.
 
-ChangelogRestore restores one partition. RestoreManager (as Kafka Streams' StoreChangelogReader, Quix's
-RecoveryManager) keeps every restore of one runner: started when p is assigned, stepped between polls within one
-budget, started again after broker trouble (bounded by RESTORE_TIMEOUT_MS), forgotten when p is revoked.
+ChangelogRestore restores one partition; pipeline/state/restore_manager.py keeps every restore of one runner.
 """
 
 from __future__ import annotations
@@ -32,14 +30,11 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.offsets import (
     CheckedConsumer,
-    EndOffsetsTimeout,
     OffsetsTruncated,
     TailReader,
     high_watermarks,
     low_watermarks,
 )
-from pipeline.serde import Serde
-from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
@@ -128,8 +123,10 @@ class ChangelogRestore:
     def _restart(self, why: str) -> None:
         self.restarts += 1
         if self.restarts > MAX_RESTARTS:
-            raise RestoreError(f"p{self.partition}: records kept being deleted under the restore ({why}); gave up "
-                               f"after {MAX_RESTARTS} restarts. Is a compaction job deleting too eagerly?")
+            raise RestoreError(
+                f"p{self.partition}: records kept being deleted under the restore ({why}); gave up "
+                f"after {MAX_RESTARTS} restarts. Is a compaction job deleting too eagerly?"
+            )
         log.warning("p%d: %s; restarting the restore", self.partition, why)
         self.records = self.snapshot_entries = 0
         self.snapshot = None
@@ -161,8 +158,9 @@ class ChangelogRestore:
         self._progress()
         if self.phase is not RestorePhase.DONE:
             if time.monotonic() > self._deadline:
-                raise RestoreError(f"restore of p{self.partition} timed out in phase {self.phase.value}: "
-                                   f"{self._stuck()}")
+                raise RestoreError(
+                    f"restore of p{self.partition} timed out in phase {self.phase.value}: {self._stuck()}"
+                )
             return False
         self._verify_checkpoint()
         return True
@@ -211,12 +209,24 @@ class ChangelogRestore:
             self._refuse_truncated(manifest)
         self.snapshot = manifest
         if manifest is not None:
-            log.info("p%d: snapshot %s (generation %d, %d entries, covers changelog < %d and input < %s); "
-                     "changelog tail %d..%d", self.partition, manifest.snapshot_id, manifest.generation,
-                     manifest.entries, manifest.changelog_offset, manifest.input_offset, start, self.end)
+            log.info(
+                "p%d: snapshot %s (generation %d, %d entries, covers changelog < %d and input < %s); "
+                "changelog tail %d..%d",
+                self.partition,
+                manifest.snapshot_id,
+                manifest.generation,
+                manifest.entries,
+                manifest.changelog_offset,
+                manifest.input_offset,
+                start,
+                self.end,
+            )
         elif self.skipped:
-            log.warning("p%d: no usable full snapshot (%s); restoring from the whole changelog",
-                        self.partition, "; ".join(self.skipped))
+            log.warning(
+                "p%d: no usable full snapshot (%s); restoring from the whole changelog",
+                self.partition,
+                "; ".join(self.skipped),
+            )
         if self._tail_reader is not None and self._tail_start == start:
             self._reader = self._tail_reader  # already fetching since the snapshot was chosen
         else:
@@ -236,14 +246,28 @@ class ChangelogRestore:
     # -- failures --------------------------------------------------------------------------------------------------
     def _skip_unreadable(self, offset: int, why: str) -> None:
         self.skipped.append(f"manifest at {self.snapshot_topic}[{self.partition}]@{offset}: {why}")
-        log.warning("p%d: ignoring the manifest at %s[%d]@%d: %s", self.partition, self.snapshot_topic,
-                    self.partition, offset, why)
+        log.warning(
+            "p%d: ignoring the manifest at %s[%d]@%d: %s",
+            self.partition,
+            self.snapshot_topic,
+            self.partition,
+            offset,
+            why,
+        )
 
     def _invalid(self, offset: int, manifest: Manifest, why: str) -> None:
         self.skipped.append(f"snapshot {manifest.snapshot_id} (generation {manifest.generation}): {why}")
-        log.warning("p%d: snapshot %s (generation %d, manifest at %s[%d]@%d) is not usable: %s; falling back to "
-                    "the previous one", self.partition, manifest.snapshot_id, manifest.generation,
-                    self.snapshot_topic, self.partition, offset, why)
+        log.warning(
+            "p%d: snapshot %s (generation %d, manifest at %s[%d]@%d) is not usable: %s; falling back to "
+            "the previous one",
+            self.partition,
+            manifest.snapshot_id,
+            manifest.generation,
+            self.snapshot_topic,
+            self.partition,
+            offset,
+            why,
+        )
 
     def _refuse_truncated(self, manifest: Manifest | None) -> None:
         topic, p, low = self.topic, self.partition, self.changelog_start
@@ -275,8 +299,9 @@ class ChangelogRestore:
             return
         self._tail_consumer = self._make_consumer()
         self._tail_start = start
-        self._tail_reader = TailReader(CheckedConsumer(self._tail_consumer), self.topic, {self.partition: start},
-                                       {self.partition: self.end})
+        self._tail_reader = TailReader(
+            CheckedConsumer(self._tail_consumer), self.topic, {self.partition: start}, {self.partition: self.end}
+        )
 
     def _drop_prefetch(self) -> None:
         if self._tail_consumer is not None:
@@ -316,12 +341,21 @@ class ChangelogRestore:
             return
         self._next_progress += PROGRESS_EVERY_S
         if self.phase is RestorePhase.TAIL:
-            log.info("restoring p%d: %d snapshot entries, %d changelog records, position %d of %d", self.partition,
-                     self.snapshot_entries, self.records, self._reader.positions[self.partition], self.end)
+            log.info(
+                "restoring p%d: %d snapshot entries, %d changelog records, position %d of %d",
+                self.partition,
+                self.snapshot_entries,
+                self.records,
+                self._reader.positions[self.partition],
+                self.end,
+            )
         else:
-            log.info("restoring p%d: %s, %d snapshot records read", self.partition,
-                     "looking for the latest snapshot" if self.phase is RestorePhase.SCAN else "loading the snapshot",
-                     self.snapshot_records + (self._load.records if self._load else 0))
+            log.info(
+                "restoring p%d: %s, %d snapshot records read",
+                self.partition,
+                "looking for the latest snapshot" if self.phase is RestorePhase.SCAN else "loading the snapshot",
+                self.snapshot_records + (self._load.records if self._load else 0),
+            )
 
     def _stuck(self) -> str:
         if self.phase is RestorePhase.SCAN:
@@ -338,8 +372,12 @@ class ChangelogRestore:
         else:
             covered, source = None, "the changelog's last checkpoint"
         if covered != self.committed_offset and not self.strict:
-            log.warning("p%d: checkpoint %s != committed offset %s: records in between are applied again "
-                        "(at-least-once)", self.partition, covered, self.committed_offset)
+            log.warning(
+                "p%d: checkpoint %s != committed offset %s: records in between are applied again (at-least-once)",
+                self.partition,
+                covered,
+                self.committed_offset,
+            )
         elif covered != self.committed_offset:
             raise RestoreError(
                 f"p{self.partition}: {source} covers input offset {covered} but the group's "
@@ -347,89 +385,6 @@ class ChangelogRestore:
                 "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
                 f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."
             )
-
-
-class RestoreManager:
-    """Every restore of one runner. The runner starts p's restore when p is assigned (after the fence), steps all
-    of them between polls, takes the finished ones (state, snapshot, changelog end) and forgets p when it goes."""
-
-    def __init__(self, settings: Settings, changelog_topic: str, snapshot_topic: str | None, state_serde: Serde,
-                 make_consumer: Callable[[], Consumer], make_admin: Callable[[], AdminClient],
-                 admin: AdminClient) -> None:
-        self._changelog_topic, self._snapshot_topic, self._state_serde = changelog_topic, snapshot_topic, state_serde
-        self._make_consumer, self._make_admin, self._admin = make_consumer, make_admin, admin
-        self._timeout_s = settings.restore_timeout_ms / 1000
-        self._request_timeout_s = settings.request_timeout_ms / 1000
-        self._step_s = settings.restore_step_ms / 1000
-        self._strict = settings.exactly_once
-        self._committed: dict[int, int | None] = {}  # every partition being restored: the offset to match
-        self._running: dict[int, ChangelogRestore] = {}
-        self._retry_at: dict[int, float] = {}  # after broker trouble: when to start again
-        self._failing_since: dict[int, float] = {}
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._committed)
-
-    def running(self) -> dict[int, ChangelogRestore]:
-        return dict(self._running)
-
-    def start(self, p: int, committed_offset: int | None) -> None:
-        """Starts restoring p's state, which must come out covering the group's committed offset of p."""
-        self._committed[p] = committed_offset
-        self._open(p)
-
-    def step(self) -> list[ChangelogRestore]:
-        """Works on every restore for about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership);
-        returns the ones that finished, forgotten here. Raises RestoreError if a state cannot be complete."""
-        now = time.monotonic()
-        for p, retry_at in list(self._retry_at.items()):
-            if now >= retry_at:
-                del self._retry_at[p]
-                self._open(p)
-        if not self._running:
-            return []
-        budget, finished = self._step_s / len(self._running), []
-        for p, restore in list(self._running.items()):
-            try:
-                done = restore.step(budget)
-            except RestoreError:
-                self.forget(p)
-                raise
-            except EndOffsetsTimeout as e:
-                self._running.pop(p).close()
-                self._later(p, e)
-                continue
-            if done:
-                self.forget(p)
-                finished.append(restore)
-        return finished
-
-    def forget(self, p: int) -> None:
-        if (restore := self._running.pop(p, None)) is not None:
-            restore.close()
-        for table in (self._committed, self._retry_at, self._failing_since):
-            table.pop(p, None)
-
-    def _open(self, p: int) -> None:
-        state = PartitionState(self._state_serde)  # a restore started again starts from nothing again
-        try:
-            self._running[p] = ChangelogRestore(
-                self._make_consumer, self._admin, self._changelog_topic, p, state, self._committed[p],
-                self._timeout_s, self._request_timeout_s, strict=self._strict, snapshot_topic=self._snapshot_topic,
-            )
-        except EndOffsetsTimeout as e:
-            self._later(p, e)
-
-    def _later(self, p: int, error: Exception) -> None:
-        """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""
-        now = time.monotonic()
-        failing_since = self._failing_since.setdefault(p, now)
-        if now - failing_since > self._timeout_s:
-            raise RestoreError(f"p{p}: restore kept failing for {now - failing_since:.0f}s: {error}") from error
-        log.warning("p%d: restore cannot go on yet (%s); starting it again in 1 s", p, error)
-        self._retry_at[p] = now + 1.0
-        self._admin = self._make_admin()  # librdkafka may keep stale leader epochs
 
 
 def _positions(items: list, value: object) -> list[int]:

@@ -40,16 +40,24 @@ WINDOW_GROWTH = 4
 CHUNKS_PER_STEP = 8  # a chunk decodes in a few ms: keep each step well inside the restore budget
 
 
-def snapshot_bounds(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
-                    ) -> dict[int, tuple[int, int]]:
+def snapshot_bounds(
+    admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
+) -> dict[int, tuple[int, int]]:
     low = low_watermarks(admin, topic, partitions, timeout_s)
     end = stable_end_offsets(admin, topic, partitions, timeout_s)
     return {p: (low[p], end[p]) for p in partitions}
 
 
 class ManifestScan:
-    def __init__(self, consumer: Consumer, topic: str, partition: int, low: int, end: int,
-                 on_skip: Callable[[int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        topic: str,
+        partition: int,
+        low: int,
+        end: int,
+        on_skip: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.consumer = consumer
         self.topic = topic
         self.partition = partition
@@ -62,8 +70,9 @@ class ManifestScan:
         self._window = FIRST_WINDOW
         self._reader: TailReader | None = None
         self._found: list[tuple[int, Manifest]] = []
-        self._on_skip = on_skip or (lambda offset, why: log.warning(
-            "%s[%d]@%d: manifest skipped: %s", topic, partition, offset, why))
+        self._on_skip = on_skip or (
+            lambda offset, why: log.warning("%s[%d]@%d: manifest skipped: %s", topic, partition, offset, why)
+        )
 
     @property
     def exhausted(self) -> bool:
@@ -79,12 +88,14 @@ class ManifestScan:
             if self._reader is None:
                 start = max(self.low, self.scanned_from - self._window)
                 self._window *= WINDOW_GROWTH
-                self._reader = TailReader(self.consumer, self.topic, {self.partition: start},
-                                          {self.partition: self.scanned_from})
+                self._reader = TailReader(
+                    self.consumer, self.topic, {self.partition: start}, {self.partition: self.scanned_from}
+                )
                 self._window_start = start
                 self._found = []
-            for m in self._reader.step(timeout_s=min(0.05, max(0.001, until - time.monotonic())),
-                                       max_records=CHUNKS_PER_STEP):
+            for m in self._reader.step(
+                timeout_s=min(0.05, max(0.001, until - time.monotonic())), max_records=CHUNKS_PER_STEP
+            ):
                 self.records += 1
                 if is_manifest(m.headers()):
                     self._found.append((m.offset(), m.value()))
@@ -107,16 +118,25 @@ class ManifestScan:
         return ", ".join(f"position {pos} < end {end}" for pos, end in self._reader.stuck().values())
 
 
-def scan_all(consumer: Consumer, topic: str, partition: int, low: int, end: int, timeout_s: float,
-             on_skip: Callable[[int, str], None] | None = None) -> ManifestScan:
+def scan_all(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    low: int,
+    end: int,
+    timeout_s: float,
+    on_skip: Callable[[int, str], None] | None = None,
+) -> ManifestScan:
     """Scans the whole partition back to `low` (a few manifests at most: the job keeps two generations)."""
     scan = ManifestScan(consumer, topic, partition, low, end, on_skip)
     found: list[tuple[int, Manifest]] = []
     deadline = time.monotonic() + timeout_s
     while not scan.exhausted:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{topic}[{partition}]: manifest scan did not finish in {timeout_s:.0f}s "
-                               f"({scan.stuck()}); is a transaction on it stuck open?")
+            raise TimeoutError(
+                f"{topic}[{partition}]: manifest scan did not finish in {timeout_s:.0f}s "
+                f"({scan.stuck()}); is a transaction on it stuck open?"
+            )
         scan.step(0.5)
         while scan.candidates:
             found.append(scan.next_candidate())
@@ -124,8 +144,9 @@ def scan_all(consumer: Consumer, topic: str, partition: int, low: int, end: int,
     return scan
 
 
-def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog_end: int, snapshot_low: int = 0
-             ) -> None:
+def precheck(
+    manifest: Manifest, partition: int, changelog_topic: str, changelog_end: int, snapshot_low: int = 0
+) -> None:
     """What a manifest must say before its chunks are worth reading."""
     if manifest.format != FORMAT_VERSION:
         raise InvalidSnapshot(f"format version {manifest.format}; this reader knows {FORMAT_VERSION}")
@@ -134,8 +155,10 @@ def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog
     if manifest.changelog_topic != changelog_topic:
         raise InvalidSnapshot(f"manifest covers changelog {manifest.changelog_topic!r}, not {changelog_topic!r}")
     if manifest.first_chunk_offset < snapshot_low:
-        raise InvalidSnapshot(f"its chunks from offset {manifest.first_chunk_offset} were deleted (the snapshot topic "
-                              f"starts at {snapshot_low})")
+        raise InvalidSnapshot(
+            f"its chunks from offset {manifest.first_chunk_offset} were deleted (the snapshot topic "
+            f"starts at {snapshot_low})"
+        )
     if manifest.changelog_offset > changelog_end:
         raise InvalidSnapshot(
             f"covers changelog offset {manifest.changelog_offset}, but the changelog ends at {changelog_end} "
@@ -146,16 +169,18 @@ def precheck(manifest: Manifest, partition: int, changelog_topic: str, changelog
 class ChunkLoad:
     """Reads and verifies the chunks of one manifest into a dict, in steps."""
 
-    def __init__(self, consumer: Consumer, topic: str, partition: int, manifest_offset: int, manifest: Manifest
-                 ) -> None:
+    def __init__(
+        self, consumer: Consumer, topic: str, partition: int, manifest_offset: int, manifest: Manifest
+    ) -> None:
         self.manifest = manifest
         self.manifest_offset = manifest_offset
         self.partition = partition
         self.entries: dict[str, bytes] = {}
         self.records = 0
         self._chunks = ChunkSet(manifest)
-        self._reader = TailReader(consumer, topic, {partition: manifest.first_chunk_offset},
-                                  {partition: manifest_offset})
+        self._reader = TailReader(
+            consumer, topic, {partition: manifest.first_chunk_offset}, {partition: manifest_offset}
+        )
 
     @property
     def done(self) -> bool:
@@ -164,8 +189,9 @@ class ChunkLoad:
     def step(self, budget_s: float) -> None:
         until = time.monotonic() + budget_s
         while not self._reader.done and time.monotonic() < until:
-            for m in self._reader.step(timeout_s=min(0.05, max(0.001, until - time.monotonic())),
-                                       max_records=CHUNKS_PER_STEP):
+            for m in self._reader.step(
+                timeout_s=min(0.05, max(0.001, until - time.monotonic())), max_records=CHUNKS_PER_STEP
+            ):
                 self.records += 1
                 if is_chunk(m.headers()):
                     self._chunk(m)

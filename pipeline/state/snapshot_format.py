@@ -207,13 +207,15 @@ def encode_chunk(sid: str, index: int, keys: Sequence[str], values: Sequence[byt
         vblob = b"".join(values)
     body = b"".join((*parts, kblob, vblob))
     crc = zlib.crc32(body)
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, flags, HEADER.size, bytes.fromhex(sid), index, n, crc, len(kblob),
-                         len(vblob))
+    header = HEADER.pack(
+        MAGIC, FORMAT_VERSION, flags, HEADER.size, bytes.fromhex(sid), index, n, crc, len(kblob), len(vblob)
+    )
     return header + body, crc
 
 
-def split_chunks(items: Iterable[tuple[str, bytes]], chunk_bytes: int = DEFAULT_CHUNK_BYTES
-                 ) -> Iterator[tuple[list[str], list[bytes]]]:
+def split_chunks(
+    items: Iterable[tuple[str, bytes]], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[tuple[list[str], list[bytes]]]:
     """Groups (key, value) pairs into chunks of at most chunk_bytes raw payload (one oversized entry: its own)."""
     keys: list[str] = []
     values: list[bytes] = []
@@ -257,7 +259,7 @@ def decode_chunk(value: bytes) -> tuple[str, int, list[str], list[bytes], int]:
     klens = vlens = None
     if not flags & KEYS_SEPARATED:
         klens = array("I")
-        klens.frombytes(body[:4 * n])
+        klens.frombytes(body[: 4 * n])
         position += 4 * n
     if not flags & VALUES_SEPARATED:
         vlens = array("I")
@@ -344,8 +346,9 @@ class ChunkSet:
         missing = [i for i in range(m.chunks) if i not in self._crcs]
         if missing:
             detail = f"; unreadable chunks: {'; '.join(self.errors[:3])}" if self.errors else ""
-            raise InvalidSnapshot(f"{len(missing)} of {m.chunks} chunks missing or corrupt "
-                                  f"(indexes {missing[:5]}){detail}")
+            raise InvalidSnapshot(
+                f"{len(missing)} of {m.chunks} chunks missing or corrupt (indexes {missing[:5]}){detail}"
+            )
         if len(self._crcs) != m.chunks:
             raise InvalidSnapshot(f"{len(self._crcs)} chunks found, the manifest says {m.chunks}")
         count = sum(self._counts.values())

@@ -59,8 +59,16 @@ class _Deliveries:
             self.offsets.append(message.offset())
 
 
-def emit_chunks(producer: Producer, *, topic: str, partition: int, sid: str, items: Iterable[tuple[str, bytes]],
-                flush_timeout_s: float, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> WrittenChunks:
+def emit_chunks(
+    producer: Producer,
+    *,
+    topic: str,
+    partition: int,
+    sid: str,
+    items: Iterable[tuple[str, bytes]],
+    flush_timeout_s: float,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> WrittenChunks:
     """Produces the chunks of `items` (key order: chunk boundaries and CRCs are then deterministic) and waits until
     every one is delivered; KafkaException if one is not."""
     deliveries = _Deliveries()
@@ -68,43 +76,88 @@ def emit_chunks(producer: Producer, *, topic: str, partition: int, sid: str, ite
     entries = size = 0
     for index, (keys, values) in enumerate(split_chunks(items, chunk_bytes)):
         payload, crc = encode_chunk(sid, index, keys, values)
-        produce_waiting(producer, topic, payload, chunk_key(sid, index), partition=partition,
-                        headers=[CHUNK_HEADER], on_delivery=deliveries)
+        produce_waiting(
+            producer,
+            topic,
+            payload,
+            chunk_key(sid, index),
+            partition=partition,
+            headers=[CHUNK_HEADER],
+            on_delivery=deliveries,
+        )
         producer.poll(0)  # serves delivery reports as they come: they hold the producer's queue until served
         crcs.append(crc)
         entries += len(keys)
         size += len(payload)
     undelivered = producer.flush(flush_timeout_s) if crcs else 0
     if undelivered or deliveries.errors or len(deliveries.offsets) != len(crcs):
-        raise KafkaException(f"snapshot {sid} p{partition}: chunks not delivered ({undelivered} still queued, "
-                             f"{len(deliveries.offsets)} of {len(crcs)} delivered; {deliveries.errors[:3]})")
+        raise KafkaException(
+            f"snapshot {sid} p{partition}: chunks not delivered ({undelivered} still queued, "
+            f"{len(deliveries.offsets)} of {len(crcs)} delivered; {deliveries.errors[:3]})"
+        )
     return WrittenChunks(sid, len(crcs), entries, size, manifest_checksum(crcs), min(deliveries.offsets, default=None))
 
 
-def manifest_for(chunks: WrittenChunks, *, generation: int, partition: int, changelog_topic: str,
-                 changelog_offset: int, input_offset: int | None, previous_id: str | None,
-                 changelog_records: int = 0, first_chunk_offset: int | None = None) -> Manifest:
+def manifest_for(
+    chunks: WrittenChunks,
+    *,
+    generation: int,
+    partition: int,
+    changelog_topic: str,
+    changelog_offset: int,
+    input_offset: int | None,
+    previous_id: str | None,
+    changelog_records: int = 0,
+    first_chunk_offset: int | None = None,
+) -> Manifest:
     """The manifest of `chunks`. `first_chunk_offset` places a manifest without chunks (an empty state)."""
     first = chunks.first_offset if chunks.first_offset is not None else first_chunk_offset
     if first is None:
         raise ValueError(f"snapshot {chunks.snapshot_id} has no chunk: say where its manifest goes")
     return Manifest(
-        snapshot_id=chunks.snapshot_id, generation=generation, partition=partition, changelog_topic=changelog_topic,
-        changelog_offset=changelog_offset, input_offset=input_offset, chunks=chunks.chunks, entries=chunks.entries,
-        bytes=chunks.bytes, checksum=chunks.checksum, first_chunk_offset=first, created_at=now_iso(),
-        previous_id=previous_id, changelog_records=changelog_records,
+        snapshot_id=chunks.snapshot_id,
+        generation=generation,
+        partition=partition,
+        changelog_topic=changelog_topic,
+        changelog_offset=changelog_offset,
+        input_offset=input_offset,
+        chunks=chunks.chunks,
+        entries=chunks.entries,
+        bytes=chunks.bytes,
+        checksum=chunks.checksum,
+        first_chunk_offset=first,
+        created_at=now_iso(),
+        previous_id=previous_id,
+        changelog_records=changelog_records,
     )
 
 
 def produce_manifest(producer: Producer, topic: str, manifest: Manifest) -> None:
     """The manifest record, after its chunks are delivered, into the caller's open transaction."""
-    produce_waiting(producer, topic, manifest.encode(), manifest.snapshot_id.encode(), partition=manifest.partition,
-                    headers=[MANIFEST_HEADER])
+    produce_waiting(
+        producer,
+        topic,
+        manifest.encode(),
+        manifest.snapshot_id.encode(),
+        partition=manifest.partition,
+        headers=[MANIFEST_HEADER],
+    )
 
 
-def write_snapshot(producer: Producer, *, app_id: str, snapshot_topic: str, changelog_topic: str, partition: int,
-                   entries: Iterable[tuple[str, bytes]], changelog_offset: int, input_offset: int | None,
-                   base: Manifest | None, timeout_s: float, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
+def write_snapshot(
+    producer: Producer,
+    *,
+    app_id: str,
+    snapshot_topic: str,
+    changelog_topic: str,
+    partition: int,
+    entries: Iterable[tuple[str, bytes]],
+    changelog_offset: int,
+    input_offset: int | None,
+    base: Manifest | None,
+    timeout_s: float,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Manifest:
     """Produces the snapshot of `entries` (sorted here: chunks are deterministic) covering the changelog below
     `changelog_offset` into the open transaction and returns its manifest. The caller commits. `entries` must not
     be empty (an empty state needs no snapshot: its changelog fold is empty too)."""
@@ -117,12 +170,30 @@ def write_snapshot(producer: Producer, *, app_id: str, snapshot_topic: str, chan
         keys = items = sorted(entries)
     if not keys:
         raise ValueError("an empty state has no snapshot to write")
-    sid = snapshot_id(app_id, partition, f"in-process:{base.snapshot_id if base else '-'}",
-                      base.changelog_offset if base else 0, changelog_offset)
-    chunks = emit_chunks(producer, topic=snapshot_topic, partition=partition, sid=sid, items=items,
-                         flush_timeout_s=timeout_s, chunk_bytes=chunk_bytes)
-    manifest = manifest_for(chunks, generation=(base.generation if base else 0) + 1, partition=partition,
-                            changelog_topic=changelog_topic, changelog_offset=changelog_offset,
-                            input_offset=input_offset, previous_id=base.snapshot_id if base else None)
+    sid = snapshot_id(
+        app_id,
+        partition,
+        f"in-process:{base.snapshot_id if base else '-'}",
+        base.changelog_offset if base else 0,
+        changelog_offset,
+    )
+    chunks = emit_chunks(
+        producer,
+        topic=snapshot_topic,
+        partition=partition,
+        sid=sid,
+        items=items,
+        flush_timeout_s=timeout_s,
+        chunk_bytes=chunk_bytes,
+    )
+    manifest = manifest_for(
+        chunks,
+        generation=(base.generation if base else 0) + 1,
+        partition=partition,
+        changelog_topic=changelog_topic,
+        changelog_offset=changelog_offset,
+        input_offset=input_offset,
+        previous_id=base.snapshot_id if base else None,
+    )
     produce_manifest(producer, snapshot_topic, manifest)
     return manifest

@@ -58,8 +58,9 @@ def new_state(app: App, wall_clock: Callable[[], int] = wall_clock_ms) -> Partit
     return TimedState.of(app, wall_clock) if app.extended_state else PartitionState(app.state_serde)
 
 
-def restored_state(app: App, restored: PartitionState, where: str,
-                   wall_clock: Callable[[], int] = wall_clock_ms) -> PartitionState:
+def restored_state(
+    app: App, restored: PartitionState, where: str, wall_clock: Callable[[], int] = wall_clock_ms
+) -> PartitionState:
     """The state a restore built, ready for app: timers queued, older values migrated; StateVersionError if a newer
     state version wrote it."""
     if not app.extended_state:
@@ -72,9 +73,16 @@ class TimedState(PartitionState):
     """A PartitionState that also holds timers, stream time, TTL deadlines and its state version (see the module's
     docstring)."""
 
-    def __init__(self, serde: Serde = JSON, *, ttl_ms: int | None = None, ttl_clock: str = "stream",
-                 wall_clock: Callable[[], int] = wall_clock_ms, version: int = 1, migrate: Migrate | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        serde: Serde = JSON,
+        *,
+        ttl_ms: int | None = None,
+        ttl_clock: str = "stream",
+        wall_clock: Callable[[], int] = wall_clock_ms,
+        version: int = 1,
+        migrate: Migrate | None = None,
+    ) -> None:
         super().__init__(serde)
         self.timers = Timers(self)
         self.ttl_ms, self.ttl_clock, self.wall_clock = ttl_ms, ttl_clock, wall_clock
@@ -86,8 +94,14 @@ class TimedState(PartitionState):
     @staticmethod
     def of(app: App, wall_clock: Callable[[], int] = wall_clock_ms) -> TimedState:
         cls = WallTtlState if app.state_ttl_ms is not None and app.state_ttl_clock == "wall" else TimedState
-        return cls(app.state_serde, ttl_ms=app.state_ttl_ms, ttl_clock=app.state_ttl_clock, wall_clock=wall_clock,
-                   version=app.state_version, migrate=app.migrate)
+        return cls(
+            app.state_serde,
+            ttl_ms=app.state_ttl_ms,
+            ttl_clock=app.state_ttl_clock,
+            wall_clock=wall_clock,
+            version=app.state_version,
+            migrate=app.migrate,
+        )
 
     def adopt(self, restored: PartitionState, where: str = "state") -> TimedState:
         """Takes over the entries of a restored PartitionState (no copy), migrates values written at an older state
@@ -194,14 +208,14 @@ class TimedState(PartitionState):
         expiry, whose key is deleted here as well (a tombstone in the changelog)."""
         self._drop(due.entry)
         if due.entry.startswith(TTL_PREFIX):
-            key = due.entry[len(TTL_PREFIX):]
+            key = due.entry[len(TTL_PREFIX) :]
             if key in self._data:
                 self._remember(key)
                 del self._data[key]
             return None
         clock = "stream" if due.entry.startswith(TIMER_PREFIXES["stream"]) else "wall"
         payload = self._serde.deserialize(due.payload) if due.payload else None
-        return Timer(due.entry[len(TIMER_PREFIXES[clock]):], due.at_ms, payload, clock)
+        return Timer(due.entry[len(TIMER_PREFIXES[clock]) :], due.at_ms, payload, clock)
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _put(self, entry: str, at_ms: int, payload: bytes) -> None:
@@ -306,7 +320,7 @@ class Timers:
         """Every pending timer, in firing order per clock (stream, then wall). A scan of the state: for tests."""
         found = []
         for clock, prefix in TIMER_PREFIXES.items():
-            keys = [key[len(prefix):] for key in self._state._data if key.startswith(prefix)]
+            keys = [key[len(prefix) :] for key in self._state._data if key.startswith(prefix)]
             found.extend(timer for key in keys if (timer := self.get(key, clock)) is not None)
         return iter(sorted(found, key=lambda t: (CLOCKS.index(t.clock), t.at_ms, t.key)))
 

@@ -64,9 +64,9 @@ def current_value(stored: bytes, current: int, serde: Serde, migrate: Migrate | 
     if version == current:
         return payload
     if version > current:
-        raise StateVersionError(f"state key {key!r} was written at state version {version}, this code is at "
-                                f"{current}")
+        raise StateVersionError(f"state key {key!r} was written at state version {version}, this code is at {current}")
     if migrate is None:
-        raise StateVersionError(f"state key {key!r} was written at state version {version}; the App is at "
-                                f"{current} but has no migrate")
+        raise StateVersionError(
+            f"state key {key!r} was written at state version {version}; the App is at {current} but has no migrate"
+        )
     return serde.serialize(migrate(version, serde.deserialize(payload)))

@@ -18,284 +18,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from confluent_kafka import Producer
-
-from pipeline.app import App
 from pipeline.loading import load_app
-from pipeline.postgres.sink import Target
-from pipeline.testing import checker, inputs, postgres_checker
-from pipeline.testing.drain import Observer, observe
-from pipeline.testing.harness import (
-    FAST_FAILOVER,
-    Fleet,
-    Instance,
-    group_protocol,
-    kafka_env,
-    set_group_failover,
-    wait_caught_up,
+from pipeline.testing import postgres_checker, soak
+from pipeline.testing.faults import (
+    FAULTS,
+    KAFKA_ONLY_FAULTS,
+    KAFKA_SH,
+    PROCESS_FAULTS,
+    Fault,
+    Outcome,
+    Profile,
+    run_fault,
+    seed_records,
 )
-from pipeline.testing.oracle import Verdict, observer_subset_of_final
-
-ProducedRecord = tuple[int, bytes, bytes]
-KAFKA_SH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka.sh"  # from a checkout: the repository root
-SESSION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_SESSION_TIMEOUT_MS"]) / 1000
-TRANSACTION_TIMEOUT_S = int(FAST_FAILOVER["PIPELINE_TRANSACTION_TIMEOUT_MS"]) / 1000
-
-
-# -- one fault run ----------------------------------------------------------------------------------------------------
-@dataclass
-class FaultRun:
-    """Fresh topics and app id, paced input, a fleet of instances, and the checker at the end.
-
-    On a secured cluster, `client_config` (librdkafka properties: security protocol, credentials, CA) is what this
-    run's own clients use (topic creation, input, observer, offsets, checker: an admin's, who may read everything),
-    and `service_config` what the pipeline processes get as PIPELINE_KAFKA_* (the service's principal). Both empty:
-    a plain broker, as before."""
-
-    app: App
-    app_spec: str
-    bootstrap: str
-    partitions: int
-    log_dir: Path
-    env: dict[str, str] = field(default_factory=dict)
-    replication: int = 1
-    client_config: dict[str, str] = field(default_factory=dict)
-    service_config: dict[str, str] = field(default_factory=dict)
-    log_level: str | None = None  # the processes' `pipeline --log-level`
-    postgres_dsn: str | None = None  # SINK=postgres: each run writes to a fresh schema of this database
-    fleet: Fleet | None = None
-    observer: Observer | None = None
-    _feeder: threading.Thread | None = None
-
-    def __post_init__(self) -> None:
-        suffix = uuid.uuid4().hex[:8]
-        self.app_id, self.input_topic, self.output_topic = f"chaos-{suffix}", f"in-{suffix}", f"out-{suffix}"
-        self.tables = postgres_checker.Tables(self.postgres_dsn, f"chaos_{suffix}") if self.postgres_dsn else None
-        inputs.create_topics(self.bootstrap, {self.input_topic: self.partitions, self.output_topic: self.partitions},
-                             replication=self.replication, extra_config=self.client_config)
-
-    def start(self, instances: int) -> Fleet:
-        """Starts `instances` pipeline processes (a second call adds them to the same fleet) and the observer."""
-        env = {"PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic,
-               "PIPELINE_OUTPUT_TOPIC": self.output_topic, **kafka_env(self.service_config),
-               **(self.tables.env() if self.tables else {"PIPELINE_SINK": "kafka"}), **self.env}
-        if self.fleet is None:
-            if group_protocol(env) == "consumer":
-                set_group_failover(self.bootstrap, self.app_id, self.client_config)
-            self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id, self.log_level)
-        self.fleet.start(instances)
-        if self.observer is None and self.tables is None:
-            self.observer = observe(self.bootstrap, self.output_topic, extra_config=self.client_config)
-        return self.fleet
-
-    def feed(self, records: Sequence[ProducedRecord], seconds: float) -> None:
-        """Produces the records spread evenly over `seconds`, in the background."""
-        self._feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, self.input_topic, records,
-                                                                    seconds, self.client_config), daemon=True)
-        self._feeder.start()
-
-    def finish(self, timeout_s: float = 120) -> Outcome:
-        if self._feeder:
-            self._feeder.join(timeout_s)
-        if self.tables is not None:
-            return self._finish_tables(self.tables, timeout_s)
-        lag = wait_caught_up(self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s,
-                             self.client_config)
-        self.fleet.stop_all()
-        observed = self.observer.stop()
-        if lag:
-            return Outcome(None, lag, [], self.fleet.logs())
-        verdict = checker.verify(self.app, self.bootstrap, input_topic=self.input_topic,
-                                 output_topic=self.output_topic, dead_letter_topic=f"{self.app_id}-dlq",
-                                 changelog_topic=f"{self.app_id}-changelog", group_id=self.app_id, timeout_s=60,
-                                 extra_config=self.client_config)
-        phantoms = observer_subset_of_final(observed, verdict)
-        return Outcome(verdict, {}, phantoms, self.fleet.logs())
-
-    def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
-        """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""
-        target = Target(tables.schema, self.app, self.app_id, self.input_topic)
-        lag = postgres_checker.wait_caught_up(self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s,
-                                              self.client_config)
-        self.fleet.stop_all()
-        if lag:
-            return Outcome(None, lag, [], self.fleet.logs())
-        verdict = postgres_checker.verify_tables(self.app, self.bootstrap, tables.dsn, schema=tables.schema,
-                                                 input_topic=self.input_topic, app_id=self.app_id,
-                                                 extra_config=self.client_config)
-        if verdict.ok:
-            tables.drop()
-        return Outcome(verdict, {}, [], self.fleet.logs())
-
-    def abandon(self) -> None:
-        if self.fleet:
-            self.fleet.stop_all(timeout_s=20)
-        if self.observer:
-            self.observer.stop()
-
-
-@dataclass
-class Outcome:
-    verdict: Verdict | None  # None: did not converge
-    stuck: dict[int, int]  # input partition -> records not committed when the wait ended
-    phantoms: list  # records a concurrent read_committed reader saw that the final drain lacks
-    logs: str
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict is not None and self.verdict.ok and not self.phantoms
-
-
-def produce_paced(bootstrap: str, topic: str, records: Sequence[ProducedRecord], seconds: float,
-                  extra_config: Mapping[str, Any] | None = None) -> None:
-    producer = Producer(inputs.producer_config(bootstrap, extra_config) | {"linger.ms": 5})
-    steps = max(1, int(seconds * 10))
-    per_step = len(records) // steps + 1
-    started = time.monotonic()
-    for step, first in enumerate(range(0, len(records), per_step), start=1):
-        for partition, key, value, *timestamp in records[first : first + per_step]:  # timestamp: the App's event time
-            producer.produce(topic, value, key, partition=partition, timestamp=timestamp[0] if timestamp else 0)
-        producer.poll(0)
-        time.sleep(max(0.0, started + step * seconds / steps - time.monotonic()))
-    if producer.flush(60):
-        raise RuntimeError(f"{topic}: input not fully acknowledged")
-
-
-# -- faults -----------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Fault:
-    """One kind of fault: how often it strikes in a run and what it does to the fleet (or the cluster)."""
-
-    name: str
-    description: str
-    inject: Callable[[Fleet, random.Random], None]
-    needs_cluster: bool = False
-    env: tuple[tuple[str, str], ...] = ()
-
-
-def _victim(fleet: Fleet, rng: random.Random) -> Instance:
-    return rng.choice(fleet.alive)
-
-
-def _sigkill(fleet: Fleet, rng: random.Random) -> None:
-    _victim(fleet, rng).kill()
-    fleet.start(1)
-
-
-def _sigterm(fleet: Fleet, rng: random.Random) -> None:
-    exit_code = _victim(fleet, rng).terminate(timeout_s=60)
-    if exit_code != 0:
-        raise AssertionError(f"SIGTERM: exit code {exit_code}, expected a clean exit")
-    fleet.start(1)
-
-
-def _pause(seconds: float) -> Callable[[Fleet, random.Random], None]:
-    def inject(fleet: Fleet, rng: random.Random) -> None:
-        zombie = _victim(fleet, rng)
-        zombie.pause()
-        time.sleep(seconds)
-        zombie.resume()
-
-    return inject
-
-
-def _scale(fleet: Fleet, rng: random.Random) -> None:
-    fleet.start(2)
-    time.sleep(rng.uniform(1, 3))
-    for instance in fleet.alive[:2]:  # the oldest: their partitions must move
-        instance.terminate(timeout_s=60)
-
-
-def _nothing(fleet: Fleet, rng: random.Random) -> None:
-    pass
-
-
-def _kafka_sh(*args: str) -> None:
-    subprocess.run([str(KAFKA_SH), "--cluster", *args], check=True, capture_output=True, timeout=180)
-
-
-def _broker_kill(fleet: Fleet, rng: random.Random) -> None:
-    node = rng.choice([1, 2, 3])
-    _kafka_sh("kill", str(node))
-    time.sleep(rng.uniform(2, 5))
-    _kafka_sh("restart", str(node))
-
-
-def _broker_pause(fleet: Fleet, rng: random.Random) -> None:
-    node = rng.choice([1, 2, 3])
-    _kafka_sh("pause", str(node))
-    time.sleep(rng.uniform(3, 8))
-    _kafka_sh("resume", str(node))
-
-
-FAULTS: dict[str, Fault] = {f.name: f for f in (
-    Fault("none", "no fault (baseline)", _nothing),
-    Fault("sigkill", "SIGKILL an instance, start a new one", _sigkill),
-    Fault("sigterm", "SIGTERM an instance (must exit 0), start a new one", _sigterm),
-    Fault("pause-short", "SIGSTOP below the session time-out, then SIGCONT", _pause(SESSION_TIMEOUT_S / 2)),
-    Fault("zombie", "SIGSTOP past the session time-out, below the transaction time-out",
-          _pause((SESSION_TIMEOUT_S + TRANSACTION_TIMEOUT_S) / 2)),
-    Fault("zombie-long", "SIGSTOP past the transaction time-out", _pause(TRANSACTION_TIMEOUT_S + 3)),
-    Fault("scale", "scale out by 2, then back in", _scale),
-    Fault("aborts", "the instances abort every 3rd transaction", _nothing,
-          env=(("PIPELINE_TEST_ABORT_EVERY", "3"),)),
-    Fault("broker-kill", "SIGKILL a broker of the 3-node cluster, restart it", _broker_kill, needs_cluster=True),
-    Fault("broker-pause", "SIGSTOP a broker of the 3-node cluster, SIGCONT it", _broker_pause, needs_cluster=True),
-)}
-PROCESS_FAULTS = [name for name, f in FAULTS.items() if not f.needs_cluster]
-KAFKA_ONLY_FAULTS = ("aborts",)  # the PostgreSQL sink has no Kafka transaction to abort
-
-
-# -- a whole chaos session --------------------------------------------------------------------------------------------
-@dataclass
-class Profile:
-    records: int = 20_000
-    partitions: int = 3
-    instances: int = 2
-    rounds: int = 2
-    seconds: float = 12.0  # input is fed over this long; faults strike inside it
-
-
-def run_fault(fault: Fault, app: App, app_spec: str, bootstrap: str, profile: Profile, seed: int,
-              records: Sequence[ProducedRecord], log_dir: Path, replication: int = 1,
-              postgres_dsn: str | None = None) -> Outcome:
-    rng = random.Random(f"{seed}-{fault.name}")
-    run = FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir, dict(fault.env), replication,
-                   postgres_dsn=postgres_dsn)
-    try:
-        run.feed(records, profile.seconds)
-        fleet = run.start(profile.instances)
-        started = time.monotonic()
-        for moment in sorted(rng.uniform(1, profile.seconds) for _ in range(profile.rounds)):
-            time.sleep(max(0.0, started + moment - time.monotonic()))
-            fault.inject(fleet, rng)
-        return run.finish()
-    finally:
-        run.abandon()
-
-
-def seed_records(app: App, profile: Profile, seed: int, replay: Iterable[ProducedRecord] | None) -> list:
-    if replay is not None:
-        return list(replay)
-    if app.generate is None:
-        raise SystemExit(f"{app.name}: the App has no `generate`; pass --replay-topic to reuse real input")
-    return list(app.generate(profile.records, profile.partitions, seed))
 
 
 def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
-    header = f"{'fault':<13} {'verdict':<8} {'in':>7} {'out':>7} {'dup':>4} {'lost':>4} {'order':>5} " \
-             f"{'state':>5} {'dlq':>5} {'secs':>5}  what"
+    header = (
+        f"{'fault':<13} {'verdict':<8} {'in':>7} {'out':>7} {'dup':>4} {'lost':>4} {'order':>5} "
+        f"{'state':>5} {'dlq':>5} {'secs':>5}  what"
+    )
     lines = [header, "-" * len(header)]
     for fault, outcome, seconds in rows:
         v = outcome.verdict
@@ -311,16 +59,18 @@ def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
     return "\n".join(lines)
 
 
-def _sink_and_faults(parser: argparse.ArgumentParser,
-                     args: argparse.Namespace) -> tuple[postgres_checker.Tables | None, list[str]]:
+def _sink_and_faults(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[postgres_checker.Tables | None, list[str]]:
     """The sink (None: Kafka), chosen as `pipeline run` chooses it, and the faults that apply to it."""
     try:
         tables = postgres_checker.chosen_tables(args.sink, args.dsn, None)
     except ValueError as e:  # ConfigError: SINK=postgres without a DSN, say
         parser.error(str(e))
     applicable = [n for n in PROCESS_FAULTS if not (tables and n in KAFKA_ONLY_FAULTS)]
-    names = (args.faults.split(",") if args.faults else applicable) + \
-        (["broker-kill", "broker-pause"] if args.cluster else [])
+    names = (args.faults.split(",") if args.faults else applicable) + (
+        ["broker-kill", "broker-pause"] if args.cluster else []
+    )
     unknown = [n for n in names if n not in FAULTS]
     if unknown:
         parser.error(f"unknown faults {unknown}")
@@ -329,33 +79,47 @@ def _sink_and_faults(parser: argparse.ArgumentParser,
     return tables, names
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pipeline chaos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipeline chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("app", help="MODULE:ATTR of your App")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--faults", help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault "
-                        "that applies to the sink)")
-    parser.add_argument("--sink", choices=["kafka", "postgres"],
-                        help="the service's sink: default PIPELINE_SINK, as for `pipeline run` (else kafka)")
+    parser.add_argument(
+        "--faults",
+        help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault that applies to the sink)",
+    )
+    parser.add_argument(
+        "--sink",
+        choices=["kafka", "postgres"],
+        help="the service's sink: default PIPELINE_SINK, as for `pipeline run` (else kafka)",
+    )
     parser.add_argument("--dsn", help="PostgreSQL sink: the database (default PIPELINE_POSTGRES_DSN)")
-    parser.add_argument("--cluster", action="store_true",
-                        help="run against the local 3-node cluster and add the broker faults")
-    parser.add_argument("--profile", choices=["ci", "long", "soak"], default="ci",
-                        help="soak: one long run, a fault every minute, fails on RSS or fd growth (testing/soak.py)")
+    parser.add_argument(
+        "--cluster", action="store_true", help="run against the local 3-node cluster and add the broker faults"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=["ci", "long", "soak"],
+        default="ci",
+        help="soak: one long run, a fault every minute, fails on RSS or fd growth (testing/soak.py)",
+    )
     parser.add_argument("--minutes", type=float, default=30, help="soak: how long the input is fed")
     parser.add_argument("--records", type=int, default=1_000_000, help="soak: how many input records")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log-dir", default=".run/chaos")
     parser.add_argument("--json", action="store_true", help="also print the verdicts as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
 
     profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
     tables, names = _sink_and_faults(parser, args)
-    if args.profile == "soak":  # imported here: the soak builds on this module's FaultRun and FAULTS
-        from pipeline.testing import soak
-
+    if args.profile == "soak":
         rotation = tuple(n for n in names if n in soak.ROTATION)
         if args.cluster or not rotation:
             parser.error(f"--profile soak rotates process faults ({', '.join(soak.ROTATION)}) on one broker")
@@ -364,8 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bootstrap, replication = args.bootstrap_servers, 1
     if args.cluster:
         subprocess.run([str(KAFKA_SH), "--cluster", "start"], check=True)
-        bootstrap = subprocess.run([str(KAFKA_SH), "--cluster", "bootstrap"], check=True, capture_output=True,
-                                   text=True).stdout.strip()
+        bootstrap = subprocess.run(
+            [str(KAFKA_SH), "--cluster", "bootstrap"], check=True, capture_output=True, text=True
+        ).stdout.strip()
         replication = 3
     elif any(FAULTS[n].needs_cluster for n in names):
         parser.error("broker faults need --cluster")
@@ -375,13 +140,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in dict.fromkeys(names):
         started = time.monotonic()
         print(f"[chaos] {name}: {FAULTS[name].description} ...", flush=True)
-        outcome = run_fault(FAULTS[name], app, args.app, bootstrap, profile, args.seed, records,
-                            Path(args.log_dir), replication, tables.dsn if tables else None)
+        outcome = run_fault(
+            FAULTS[name],
+            app,
+            args.app,
+            bootstrap,
+            profile,
+            args.seed,
+            records,
+            Path(args.log_dir),
+            replication,
+            tables.dsn if tables else None,
+        )
         rows.append((FAULTS[name], outcome, time.monotonic() - started))
         if not outcome.ok:
             print(outcome.logs[-4000:], file=sys.stderr)
     print(report(rows))
     if args.json:
-        print(json.dumps([{"fault": f.name, "ok": o.ok, "stuck": o.stuck,
-                           "verdict": o.verdict.as_dict() if o.verdict else None} for f, o, _ in rows]))
+        print(
+            json.dumps(
+                [
+                    {
+                        "fault": f.name,
+                        "ok": o.ok,
+                        "stuck": o.stuck,
+                        "verdict": o.verdict.as_dict() if o.verdict else None,
+                    }
+                    for f, o, _ in rows
+                ]
+            )
+        )
     return 0 if all(o.ok for _, o, _ in rows) else 1

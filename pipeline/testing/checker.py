@@ -62,21 +62,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         app = load_app(args.app)
         tables = postgres_checker.chosen_tables(args.sink, args.dsn, args.schema, args.config)
-        verdict = postgres_checker.verify_tables(
-            app, args.bootstrap_servers, tables.dsn, schema=tables.schema, input_topic=args.input_topic,
-            app_id=args.group_id, timeout_s=args.timeout,
-        ) if tables else verify(
-            app,
-            args.bootstrap_servers,
-            input_topic=args.input_topic,
-            output_topic=args.output_topic,
-            dead_letter_topic=args.dead_letter_topic,
-            changelog_topic=args.changelog_topic,
-            group_id=args.group_id,
-            timeout_s=args.timeout,
+        verdict = (
+            postgres_checker.verify_tables(
+                app,
+                args.bootstrap_servers,
+                tables.dsn,
+                schema=tables.schema,
+                input_topic=args.input_topic,
+                app_id=args.group_id,
+                timeout_s=args.timeout,
+            )
+            if tables
+            else verify(
+                app,
+                args.bootstrap_servers,
+                input_topic=args.input_topic,
+                output_topic=args.output_topic,
+                dead_letter_topic=args.dead_letter_topic,
+                changelog_topic=args.changelog_topic,
+                group_id=args.group_id,
+                timeout_s=args.timeout,
+            )
         )
-    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, ValueError, TypeError,
-            psycopg.Error) as e:
+    except (
+        ReadToEndTimeout,
+        EndOffsetsTimeout,
+        KafkaException,
+        LookupError,
+        ValueError,
+        TypeError,
+        psycopg.Error,
+    ) as e:
         print(f"pipeline verify: could not check: {e}", file=sys.stderr)
         return 2
     print(verdict.to_json() if args.json else verdict.summary())
@@ -95,12 +111,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-topic")
     parser.add_argument("--dead-letter-topic")
     parser.add_argument("--changelog-topic")
-    parser.add_argument("--group-id", help="the app id (consumer group; the PostgreSQL rows' app_id); default: the "
-                        "app's name")
-    parser.add_argument("--sink", choices=["kafka", "postgres"],
-                        help="where the run wrote: default PIPELINE_SINK, as for `pipeline run` (else kafka)")
-    parser.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`: the sink, "
-                        "POSTGRES_DSN, POSTGRES_SCHEMA")
+    parser.add_argument(
+        "--group-id", help="the app id (consumer group; the PostgreSQL rows' app_id); default: the app's name"
+    )
+    parser.add_argument(
+        "--sink",
+        choices=["kafka", "postgres"],
+        help="where the run wrote: default PIPELINE_SINK, as for `pipeline run` (else kafka)",
+    )
+    parser.add_argument(
+        "--config",
+        help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`: the sink, POSTGRES_DSN, POSTGRES_SCHEMA",
+    )
     parser.add_argument("--dsn", help="PostgreSQL sink: the database (default PIPELINE_POSTGRES_DSN)")
     parser.add_argument("--schema", help="PostgreSQL sink: the schema (default PIPELINE_POSTGRES_SCHEMA, else public)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per drain (default 60)")

@@ -190,4 +190,3 @@ def observe(
 ) -> Observer:
     """Starts an Observer of `topic` (which must exist); `stop()` it after the fault run, before `verify`."""
     return Observer(bootstrap, topic, extra_config=extra_config, timeout_s=timeout_s).start()
-

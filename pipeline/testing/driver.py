@@ -58,36 +58,67 @@ class Produced(NamedTuple):
 class AppDriver:
     __test__ = False  # pytest: not a test class
 
-    def __init__(self, app: App, *, partitions: int = 1, wall_clock_ms: int = 0, auto_commit: bool = True,
-                 **settings: Any) -> None:
+    def __init__(
+        self, app: App, *, partitions: int = 1, wall_clock_ms: int = 0, auto_commit: bool = True, **settings: Any
+    ) -> None:
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
-        self.settings = settings_module.load(env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name,
-                                                        "processing_backoff_ms": 0, **settings})
+        self.settings = settings_module.load(
+            env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0, **settings}
+        )
         self.input_topic, self.output_topic = app.input_topic, app.output_topic
         self.changelog_topic, self.dead_letter_topic = changelog_topic(app.name), dead_letter_topic(app.name)
         self.broker = MemoryBroker()
         for topic in (self.input_topic, self.output_topic, self.changelog_topic, self.dead_letter_topic):
             self.broker.create(topic, partitions)
         self.consumer = MemoryConsumer(self.broker)
-        self._ctx = TaskContext(app, self.settings, app.name, self.input_topic, self.output_topic,
-                                self.changelog_topic, self.dead_letter_topic, self.consumer,  # type: ignore[arg-type]
-                                lambda txn_id: MemoryProducer(self.broker, txn_id),  # type: ignore[arg-type,return-value]
-                                Metrics(), self._abort_hook(), wall_clock=lambda: self.now_ms)
+        self._ctx = TaskContext(
+            app,
+            self.settings,
+            app.name,
+            self.input_topic,
+            self.output_topic,
+            self.changelog_topic,
+            self.dead_letter_topic,
+            self.consumer,  # type: ignore[arg-type]
+            lambda txn_id: MemoryProducer(self.broker, txn_id),  # type: ignore[arg-type,return-value]
+            Metrics(),
+            self._abort_hook(),
+            wall_clock=lambda: self.now_ms,
+        )
         self.tasks: dict[int, PartitionTask] = {}
         for p in range(partitions):
             self._take_over(p)
 
     # -- input and time ------------------------------------------------------------------------------------------
-    def send(self, key: Any, value: Any, *, timestamp_ms: int | None = None, partition: int | None = None,
-             headers: Sequence[tuple[str, bytes]] = ()) -> list[Produced]:
+    def send(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> list[Produced]:
         """One input record, encoded with the App's serdes (timestamp: the wall clock's now); the outputs it caused,
         including those of timers it made due. Partition: crc32(key) % partitions unless given."""
-        return self.send_bytes(self.app.key_serde.serialize(key), self.app.value_serde.serialize(value),
-                               timestamp_ms=timestamp_ms, partition=partition, headers=headers)
+        return self.send_bytes(
+            self.app.key_serde.serialize(key),
+            self.app.value_serde.serialize(value),
+            timestamp_ms=timestamp_ms,
+            partition=partition,
+            headers=headers,
+        )
 
-    def send_bytes(self, key: bytes | None, value: bytes | None, *, timestamp_ms: int | None = None,
-                   partition: int | None = None, headers: Sequence[tuple[str, bytes]] = ()) -> list[Produced]:
+    def send_bytes(
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> list[Produced]:
         """As `send`, with the record's bytes as they are (e.g. a poison record)."""
         p = partition if partition is not None else zlib.crc32(key or b"") % self.partitions
         offset = self.broker.reserve(self.input_topic, p)
@@ -139,8 +170,10 @@ class AppDriver:
 
     @property
     def dead_letters(self) -> list[DeadLetter]:
-        return [DeadLetter.from_record(r.key, r.value, list(r.headers))
-                for r in self.broker.committed_records(self.dead_letter_topic)]
+        return [
+            DeadLetter.from_record(r.key, r.value, list(r.headers))
+            for r in self.broker.committed_records(self.dead_letter_topic)
+        ]
 
     def state(self, partition: int = 0) -> dict[str, Any]:
         """Partition p's state as `process` sees it, decoded (timers and TTL bookkeeping not shown)."""
@@ -160,12 +193,18 @@ class AppDriver:
 
     def run_data(self) -> RunData:
         """Everything committed so far, as the checker reads a real run."""
+
         def dump(topic: str) -> TopicDump:
             return TopicDump(topic, self.broker.committed_records(topic), self.broker.ends(topic))
 
-        return RunData(self.input_topic, dump(self.input_topic), dump(self.output_topic),
-                       dump(self.dead_letter_topic), dump(self.changelog_topic) if self.app.stateful else None,
-                       {p: self.committed_offset(p) for p in range(self.partitions)})
+        return RunData(
+            self.input_topic,
+            dump(self.input_topic),
+            dump(self.output_topic),
+            dump(self.dead_letter_topic),
+            dump(self.changelog_topic) if self.app.stateful else None,
+            {p: self.committed_offset(p) for p in range(self.partitions)},
+        )
 
     def verify(self) -> Verdict:
         """The checker's verdict (pipeline verify) over everything committed so far."""
@@ -199,8 +238,10 @@ class AppDriver:
                 state.load([(record.key.decode(), record.value)])
         covered = checkpoint.next_input_offset if checkpoint else None
         if covered != committed:
-            raise AssertionError(f"p{p}: the changelog covers input offset {covered}, the committed offset is "
-                                 f"{committed}: state and offsets were not committed together")
+            raise AssertionError(
+                f"p{p}: the changelog covers input offset {covered}, the committed offset is "
+                f"{committed}: state and offsets were not committed together"
+            )
         return state
 
     def _run(self) -> list[Produced]:
@@ -209,8 +250,11 @@ class AppDriver:
             self._pump(p)
         if self.auto_commit:
             self.commit()
-        return [self._decode(topic, record) for topic, record in self.broker.produced[first:]
-                if topic not in (self.changelog_topic, self.dead_letter_topic)]
+        return [
+            self._decode(topic, record)
+            for topic, record in self.broker.produced[first:]
+            if topic not in (self.changelog_topic, self.dead_letter_topic)
+        ]
 
     def _pump(self, p: int) -> None:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
@@ -225,8 +269,12 @@ class AppDriver:
                 self._guarded(task, task.process, batch)
             self._guarded(task, task.tick, self.now_ms)
             state = task.state
-            if not (batch or task.holding or task.phase is Phase.REWINDING
-                    or (isinstance(state, TimedState) and state.has_due("wall", self.now_ms))):
+            if not (
+                batch
+                or task.holding
+                or task.phase is Phase.REWINDING
+                or (isinstance(state, TimedState) and state.has_due("wall", self.now_ms))
+            ):
                 return
         raise RuntimeError(f"p{p}: still busy after {MAX_TURNS} turns (timers scheduling due timers forever?)")
 
@@ -234,11 +282,21 @@ class AppDriver:
         if p in self.consumer.paused:
             return []
         position = self.consumer.positions[p]
-        records = self._input(p)[position:position + self.settings.poll_max_records]
+        records = self._input(p)[position : position + self.settings.poll_max_records]
         if records:
             self.consumer.positions[p] = records[-1].offset + 1
-        return [Message(topic=self.input_topic, partition=p, offset=r.offset, key=r.key, value=r.value,
-                        timestamp=(1, r.timestamp_ms), headers=list(r.headers) or None) for r in records]
+        return [
+            Message(
+                topic=self.input_topic,
+                partition=p,
+                offset=r.offset,
+                key=r.key,
+                value=r.value,
+                timestamp=(1, r.timestamp_ms),
+                headers=list(r.headers) or None,
+            )
+            for r in records
+        ]
 
     def _input(self, p: int) -> list[KafkaRecord]:
         """Input partition p (offsets are list indexes: nothing in it is ever aborted)."""
@@ -258,5 +316,11 @@ class AppDriver:
 
     def _decode(self, topic: str, record: KafkaRecord) -> Produced:
         app, headers = self.app, list(record.headers)
-        return Produced(app.output_key_serde.deserialize(record.key), app.output_value_serde.deserialize(record.value),
-                        topic, record.partition, decode_source(headers), decode_timer(headers))
+        return Produced(
+            app.output_key_serde.deserialize(record.key),
+            app.output_value_serde.deserialize(record.value),
+            topic,
+            record.partition,
+            decode_source(headers),
+            decode_timer(headers),
+        )

@@ -37,30 +37,40 @@ def group_protocol(env: Mapping[str, str]) -> str:
     return env.get("PIPELINE_GROUP_PROTOCOL") or os.environ.get("PIPELINE_GROUP_PROTOCOL") or "classic"
 
 
-def set_group_failover(bootstrap: str, group: str, config: Mapping[str, Any] | None = None,
-                       timeout_s: float = 10) -> None:
+def set_group_failover(
+    bootstrap: str, group: str, config: Mapping[str, Any] | None = None, timeout_s: float = 10
+) -> None:
     """GROUP_PROTOCOL=consumer (KIP-848): the session timeout and heartbeat interval are the group's, not the
     client's, so FAST_FAILOVER's are set as group configs (the broker's group.consumer.min.* must allow them:
     deploy/local/kafka.sh)."""
-    entries = [ConfigEntry(name, FAST_FAILOVER[setting], incremental_operation=AlterConfigOpType.SET)
-               for name, setting in (("consumer.session.timeout.ms", "PIPELINE_SESSION_TIMEOUT_MS"),
-                                     ("consumer.heartbeat.interval.ms", "PIPELINE_HEARTBEAT_INTERVAL_MS"))]
+    entries = [
+        ConfigEntry(name, FAST_FAILOVER[setting], incremental_operation=AlterConfigOpType.SET)
+        for name, setting in (
+            ("consumer.session.timeout.ms", "PIPELINE_SESSION_TIMEOUT_MS"),
+            ("consumer.heartbeat.interval.ms", "PIPELINE_HEARTBEAT_INTERVAL_MS"),
+        )
+    ]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
     admin = _admin(bootstrap, config)
     try:
         admin.incremental_alter_configs([resource])[resource].result(timeout_s)
     except KafkaException as e:
-        raise RuntimeError(f"GROUP_PROTOCOL=consumer: group {group} cannot fail over within seconds ({e.args[0]}); "
-                           "the broker needs group.consumer.min.session.timeout.ms <= 6000 and "
-                           "group.consumer.min.heartbeat.interval.ms <= 500 (deploy/local/kafka.sh sets both: "
-                           "restart a broker started before)") from e
+        raise RuntimeError(
+            f"GROUP_PROTOCOL=consumer: group {group} cannot fail over within seconds ({e.args[0]}); "
+            "the broker needs group.consumer.min.session.timeout.ms <= 6000 and "
+            "group.consumer.min.heartbeat.interval.ms <= 500 (deploy/local/kafka.sh sets both: "
+            "restart a broker started before)"
+        ) from e
 
 
 def kafka_env(config: Mapping[str, Any]) -> dict[str, str]:
     """librdkafka properties (a secured cluster's, say) as the PIPELINE_KAFKA_* environment of pipeline processes;
     bootstrap.servers is left out (PIPELINE_BOOTSTRAP_SERVERS carries it)."""
-    return {KAFKA_ENV_PREFIX + key.upper().replace(".", "_"): str(value) for key, value in config.items()
-            if key != "bootstrap.servers"}
+    return {
+        KAFKA_ENV_PREFIX + key.upper().replace(".", "_"): str(value)
+        for key, value in config.items()
+        if key != "bootstrap.servers"
+    }
 
 
 def _admin(bootstrap: str, config: Mapping[str, Any] | None) -> AdminClient:
@@ -127,13 +137,29 @@ class Fleet:
         self._started += 1
         name = f"instance-{self._started}"
         log_path = self.log_dir / f"{name}.log"
-        env = {**os.environ, **FAST_FAILOVER, **self.env, **extra_env, "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
-               "PIPELINE_KAFKA_CLIENT_ID": name}
+        env = {
+            **os.environ,
+            **FAST_FAILOVER,
+            **self.env,
+            **extra_env,
+            "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
+            "PIPELINE_KAFKA_CLIENT_ID": name,
+        }
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "pipeline", *(("--log-level", self.log_level) if self.log_level else ()),
-                 "run", *self.run_args, self.app_spec],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline",
+                    *(("--log-level", self.log_level) if self.log_level else ()),
+                    "run",
+                    *self.run_args,
+                    self.app_spec,
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
             )
         return Instance(name, process, log_path)
 
@@ -155,11 +181,18 @@ class Fleet:
         return "\n".join(f"--- {i.name} (exit {i.process.poll()}) ---\n{i.log_tail()}" for i in self.instances)
 
 
-def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[int], timeout_s: float,
-                      config: Mapping[str, Any] | None = None) -> dict:
+def committed_offsets(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    partitions: list[int],
+    timeout_s: float,
+    config: Mapping[str, Any] | None = None,
+) -> dict:
     """The group's committed offsets; `config`: the client settings of a secured cluster (none for a plain one)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, **(config or {}), "group.id": group,
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, **(config or {}), "group.id": group, "enable.auto.commit": False}
+    )
     try:
         tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
         return {tp.partition: tp.offset for tp in tps}
@@ -167,8 +200,9 @@ def committed_offsets(bootstrap: str, group: str, topic: str, partitions: list[i
         consumer.close()
 
 
-def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float,
-                   config: Mapping[str, Any] | None = None) -> dict[int, int]:
+def wait_caught_up(
+    bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float, config: Mapping[str, Any] | None = None
+) -> dict[int, int]:
     """Waits until the group's committed offsets reach the input's end; returns the last lag seen if not."""
     admin = _admin(bootstrap, config)
     ends = high_watermarks(admin, topic, list(range(partitions)), 10)
@@ -181,12 +215,16 @@ def wait_caught_up(bootstrap: str, group: str, topic: str, partitions: int, time
         time.sleep(0.25)
 
 
-COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                      KafkaError.COORDINATOR_NOT_AVAILABLE)
+COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
 
 
-def group_owners(bootstrap: str, group: str, timeout_s: float = 10,
-                 config: Mapping[str, Any] | None = None) -> dict[str, list[int]]:
+def group_owners(
+    bootstrap: str, group: str, timeout_s: float = 10, config: Mapping[str, Any] | None = None
+) -> dict[str, list[int]]:
     """client.id of each group member (the instance name) -> the input partitions it owns now."""
     admin = _admin(bootstrap, config)  # kept in a variable: a client collected before its answer never answers
     deadline = time.monotonic() + timeout_s

@@ -196,7 +196,8 @@ def produce(
     return {p: delivered[p] for p in range(partitions)}
 
 
-def _produce_one(producer: Producer, topic: str, partition: int, key: bytes, value: bytes, on_delivery: Any,
-                 timestamp: int = 0) -> None:
+def _produce_one(
+    producer: Producer, topic: str, partition: int, key: bytes, value: bytes, on_delivery: Any, timestamp: int = 0
+) -> None:
     produce_waiting(producer, topic, value, key, partition=partition, on_delivery=on_delivery, timestamp=timestamp)
     producer.poll(0)

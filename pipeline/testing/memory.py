@@ -46,8 +46,9 @@ class MemoryBroker:
         self.records[(topic, record.partition)].append(record)
 
     def committed_records(self, topic: str) -> list[KafkaRecord]:
-        return sorted((r for p in range(self.partitions.get(topic, 0)) for r in self.records[(topic, p)]),
-                      key=lambda r: r.coord)
+        return sorted(
+            (r for p in range(self.partitions.get(topic, 0)) for r in self.records[(topic, p)]), key=lambda r: r.coord
+        )
 
     def ends(self, topic: str) -> dict[int, int]:
         return {p: self.next_offsets[(topic, p)] for p in range(self.partitions.get(topic, 0))}
@@ -86,12 +87,22 @@ class MemoryProducer:
         self._check_epoch()
         self._open, self._offsets = [], []
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int = -1, headers: Any = None,
-                on_delivery: Callable | None = None, timestamp: int = 0, **kwargs: Any) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        headers: Any = None,
+        on_delivery: Callable | None = None,
+        timestamp: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if partition < 0:
             partition = zlib.crc32(key or b"") % self.broker.partitions.get(topic, 1)
-        record = KafkaRecord(partition, self.broker.reserve(topic, partition), key, value, tuple(headers or ()),
-                             timestamp)
+        record = KafkaRecord(
+            partition, self.broker.reserve(topic, partition), key, value, tuple(headers or ()), timestamp
+        )
         self.broker.produced.append((topic, record))
         if self.transactional_id is None:
             self.broker.append(topic, record)
@@ -123,8 +134,7 @@ class MemoryProducer:
 
     def _check_epoch(self) -> None:
         if self.transactional_id is not None and self.epoch != self.broker.epochs[self.transactional_id]:
-            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer producer (test driver)",
-                                            fatal=True))
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer producer (test driver)", fatal=True))
 
 
 class MemoryConsumer:

@@ -72,13 +72,19 @@ def read_tables(conn: psycopg.Connection, target: Target) -> tuple[list, list, d
     dead = [
         (row_id, DeadLetter(target.input_topic, p, offset, _bytes(key), _bytes(value), error_type, message, attempts))
         for row_id, p, offset, key, value, error_type, message, attempts in conn.execute(
-            sql.SQL("SELECT id, input_partition, input_offset, key, value, error_type, error_message, attempts "
-                    "FROM {} WHERE app_id = %s AND topic = %s").format(target.table(DEAD_LETTERS.name)), where)
+            sql.SQL(
+                "SELECT id, input_partition, input_offset, key, value, error_type, error_message, attempts "
+                "FROM {} WHERE app_id = %s AND topic = %s"
+            ).format(target.table(DEAD_LETTERS.name)),
+            where,
+        )
     ]
     states: dict[int, dict[str, bytes]] = {}
     for p, key, value in conn.execute(
-        sql.SQL("SELECT input_partition, key, value FROM {} WHERE app_id = %s AND topic = %s")
-        .format(target.table(STATE.name)), where
+        sql.SQL("SELECT input_partition, key, value FROM {} WHERE app_id = %s AND topic = %s").format(
+            target.table(STATE.name)
+        ),
+        where,
     ):
         states.setdefault(p, {})[key] = bytes(value)
     return outputs, dead, states, table_offsets(conn, target)
@@ -107,16 +113,27 @@ def check_tables(app: App, run: TableRun) -> Verdict:
         for stored in run.outputs
     ]
     dlq_records = [
-        KafkaRecord(partition=letter.partition, offset=row_id, key=letter.key, value=letter.value,
-                    headers=tuple(letter.headers()))
+        KafkaRecord(
+            partition=letter.partition,
+            offset=row_id,
+            key=letter.key,
+            value=letter.value,
+            headers=tuple(letter.headers()),
+        )
         for row_id, letter in run.dead_letters
     ]
-    verdict = Verdict(inputs=len(run.inputs.records), outputs=len(out_records), dead_letters=len(dlq_records),
-                      changelog_records=sum(len(s) for s in run.states.values()), final_outputs=out_records)
+    verdict = Verdict(
+        inputs=len(run.inputs.records),
+        outputs=len(out_records),
+        dead_letters=len(dlq_records),
+        changelog_records=sum(len(s) for s in run.states.values()),
+        final_outputs=out_records,
+    )
     inputs = {record.coord: record for record in run.inputs.records}
     dead = parse_dead_letters(dlq_records, run.input_topic, verdict.content)
-    reference = fold_reference(app, run.inputs.records, input_topic=run.input_topic, output_topic=app.output_topic,
-                               skip=dead.keys())
+    reference = fold_reference(
+        app, run.inputs.records, input_topic=run.input_topic, output_topic=app.output_topic, skip=dead.keys()
+    )
     by_source = outputs_by_source(out_records)
     verdict.duplicates = check_duplicates(by_source, dead, reference)
     verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
@@ -134,8 +151,10 @@ def check_tables(app: App, run: TableRun) -> Verdict:
         lowest = last_data[p] + 1 if p in last_data else None
         next_offset = run.offsets.get(p, (None, 0))[0]
         check_next_offset(verdict.offsets, f"offsets table p{p}", next_offset, lowest, run.inputs.ends[p])
-    verdict.notes = ["outputs, dead letters, state and offsets read from PostgreSQL ('changelog records' counts the "
-                     "rows of pipeline_state); group offsets not checked (monitoring only)"]
+    verdict.notes = [
+        "outputs, dead letters, state and offsets read from PostgreSQL ('changelog records' counts the "
+        "rows of pipeline_state); group offsets not checked (monitoring only)"
+    ]
     return verdict
 
 
@@ -164,16 +183,24 @@ def verify_tables(
     with psycopg.connect(dsn, connect_timeout=int(timeout_s)) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot of every table
         outputs, dead, states, offsets = read_tables(conn, target)
-        reference_states = fold_reference(app, inputs.records, input_topic=target.input_topic,
-                                          output_topic=app.output_topic,
-                                          skip={(d.partition, d.offset) for _, d in dead}).states
+        reference_states = fold_reference(
+            app,
+            inputs.records,
+            input_topic=target.input_topic,
+            output_topic=app.output_topic,
+            skip={(d.partition, d.offset) for _, d in dead},
+        ).states
         derived = sink_of(app).check(conn, target, decoded_states(app, reference_states))
     run = TableRun(target.input_topic, inputs, outputs, dead, states, offsets, derived)
     return check_tables(app, run)
 
 
 def wait_caught_up(
-    bootstrap: str, dsn: str, target: Target, partitions: Sequence[int], timeout_s: float,
+    bootstrap: str,
+    dsn: str,
+    target: Target,
+    partitions: Sequence[int],
+    timeout_s: float,
     extra_config: Mapping[str, Any] | None = None,
 ) -> dict[int, int]:
     """Waits until the offsets table reaches the input's high watermarks; returns the lag left ({} when caught up)."""
@@ -210,8 +237,9 @@ class Tables:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
 
 
-def chosen_tables(sink: str | None, dsn: str | None, schema: str | None,
-                  config_file: str | None = None) -> Tables | None:
+def chosen_tables(
+    sink: str | None, dsn: str | None, schema: str | None, config_file: str | None = None
+) -> Tables | None:
     """The sink a run writes to, decided as `pipeline run` decides it: the option, else PIPELINE_SINK (environment or
     config file), else kafka. None for the Kafka sink; for PostgreSQL the DSN and schema, from the options or the
     same settings. Raises ConfigError (e.g. SINK=postgres without a DSN)."""
@@ -220,8 +248,10 @@ def chosen_tables(sink: str | None, dsn: str | None, schema: str | None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.testing.postgres_checker",
-                                     description="Check the tables of a PostgreSQL-sink run for exactly-once.")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.testing.postgres_checker",
+        description="Check the tables of a PostgreSQL-sink run for exactly-once.",
+    )
     parser.add_argument("app")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--dsn", required=True)
@@ -230,8 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--app-id")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    verdict = verify_tables(load_app(args.app), args.bootstrap_servers, args.dsn, schema=args.schema,
-                            input_topic=args.input_topic, app_id=args.app_id)
+    verdict = verify_tables(
+        load_app(args.app),
+        args.bootstrap_servers,
+        args.dsn,
+        schema=args.schema,
+        input_topic=args.input_topic,
+        app_id=args.app_id,
+    )
     print(verdict.to_json() if args.json else verdict.summary())
     return 0 if verdict.ok else 1
 

@@ -1,6 +1,6 @@
 """`pipeline chaos MODULE:ATTR --profile soak`: a long run with a fault every minute that fails on resource growth.
 
-One run on fresh topics (pipeline/testing/chaos.py's FaultRun): the input (by default 1,000,000 records) is fed
+One run on fresh topics (pipeline/testing/faults.py's FaultRun): the input (by default 1,000,000 records) is fed
 evenly over the run (by default 30 minutes), N instances process it, and every `fault_every_s` the next process
 fault of a fixed rotation strikes. Every few seconds the resident memory (RSS) and the open file descriptors of
 each living instance are read from /proc. The verdict fails if the checker finds a problem, a fault could not be
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.app import App
-from pipeline.testing import chaos
+from pipeline.testing import faults
 from pipeline.testing.harness import Fleet, Instance
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1024 * 1024
-# The process faults that strike a running fleet (chaos.FAULTS; "none" and "aborts" are not injections).
+# The process faults that strike a running fleet (faults.FAULTS; "none" and "aborts" are not injections).
 ROTATION = ("sigkill", "sigterm", "pause-short", "zombie", "zombie-long", "scale")
 PAUSES = frozenset({"pause-short", "zombie", "zombie-long"})  # these may hit the spared instance too
 
@@ -154,8 +154,14 @@ def _median(samples: Sequence[Sample], attribute: str) -> float:
 def judge(series: Series, rule: GrowthRule = GrowthRule()) -> Growth:
     samples = series.samples
     first, last = samples[0], samples[-1]
-    figures = dict(name=series.name, lifetime_s=series.lifetime_s, rss_first=first.rss_bytes,
-                   rss_last=last.rss_bytes, fds_first=first.fds, fds_last=last.fds)
+    figures = dict(
+        name=series.name,
+        lifetime_s=series.lifetime_s,
+        rss_first=first.rss_bytes,
+        rss_last=last.rss_bytes,
+        fds_first=first.fds,
+        fds_last=last.fds,
+    )
     baseline = [s for s in samples if rule.baseline_from_s <= s.at_s <= rule.baseline_to_s]
     recent = [s for s in samples if s.at_s >= last.at_s - rule.recent_s]
     if series.lifetime_s < rule.judged_after_s or not baseline or not recent:
@@ -165,15 +171,26 @@ def judge(series: Series, rule: GrowthRule = GrowthRule()) -> Growth:
     problems = []
     rss_allowed = max(rule.rss_slack_bytes, rule.rss_fraction * rss_baseline)
     if rss_recent - rss_baseline > rss_allowed:
-        problems.append(f"{series.name}: RSS grew from a median of {rss_baseline / MIB:.1f} MiB (minutes "
-                        f"{rule.baseline_from_s / 60:g}-{rule.baseline_to_s / 60:g}) to {rss_recent / MIB:.1f} MiB "
-                        f"(last {rule.recent_s / 60:g} minutes), more than the {rss_allowed / MIB:.1f} MiB allowed")
+        problems.append(
+            f"{series.name}: RSS grew from a median of {rss_baseline / MIB:.1f} MiB (minutes "
+            f"{rule.baseline_from_s / 60:g}-{rule.baseline_to_s / 60:g}) to {rss_recent / MIB:.1f} MiB "
+            f"(last {rule.recent_s / 60:g} minutes), more than the {rss_allowed / MIB:.1f} MiB allowed"
+        )
     fds_allowed = max(rule.fd_slack, rule.fd_fraction * fds_baseline)
     if fds_recent - fds_baseline > fds_allowed:
-        problems.append(f"{series.name}: open file descriptors grew from a median of {fds_baseline:g} to "
-                        f"{fds_recent:g}, more than the {fds_allowed:g} allowed")
-    return Growth(judged=True, rss_baseline=rss_baseline, rss_recent=rss_recent, fds_baseline=fds_baseline,
-                  fds_recent=fds_recent, problems=tuple(problems), **figures)
+        problems.append(
+            f"{series.name}: open file descriptors grew from a median of {fds_baseline:g} to "
+            f"{fds_recent:g}, more than the {fds_allowed:g} allowed"
+        )
+    return Growth(
+        judged=True,
+        rss_baseline=rss_baseline,
+        rss_recent=rss_recent,
+        fds_baseline=fds_baseline,
+        fds_recent=fds_recent,
+        problems=tuple(problems),
+        **figures,
+    )
 
 
 def growth_verdict(series: dict[str, Series], rule: GrowthRule = GrowthRule()) -> tuple[list[Growth], list[str]]:
@@ -213,7 +230,7 @@ class SparedFleet:
 
 @dataclass
 class SoakResult:
-    outcome: chaos.Outcome | None  # None: the checker could not run (said in `problems`)
+    outcome: faults.Outcome | None  # None: the checker could not run (said in `problems`)
     growths: list[Growth]
     problems: list[str]  # growth, and faults that could not be injected
     faults: Counter[str]
@@ -241,7 +258,7 @@ def strike(fleet: Fleet, profile: SoakProfile, rng: random.Random, started: floa
         time.sleep(max(0.0, moment - time.monotonic()))
         name = profile.rotation[(number - 1) % len(profile.rotation)]
         try:
-            chaos.FAULTS[name].inject(fleet if name in PAUSES else spared, rng)
+            faults.FAULTS[name].inject(fleet if name in PAUSES else spared, rng)
             struck[name] += 1
         except Exception as e:  # a fault that fails is reported in the verdict, the soak goes on
             errors.append(f"fault {name} at {time.monotonic() - started:.0f} s failed: {e!r}")
@@ -249,11 +266,19 @@ def strike(fleet: Fleet, profile: SoakProfile, rng: random.Random, started: floa
     return struck, errors
 
 
-def run_soak(app: App, app_spec: str, bootstrap: str, profile: SoakProfile, seed: int, log_dir: Path,
-             rule: GrowthRule = GrowthRule()) -> SoakResult:
-    records = chaos.seed_records(app, chaos.Profile(records=profile.records, partitions=profile.partitions),
-                                 seed, None)
-    run = chaos.FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir)
+def run_soak(
+    app: App,
+    app_spec: str,
+    bootstrap: str,
+    profile: SoakProfile,
+    seed: int,
+    log_dir: Path,
+    rule: GrowthRule = GrowthRule(),
+) -> SoakResult:
+    records = faults.seed_records(
+        app, faults.Profile(records=profile.records, partitions=profile.partitions), seed, None
+    )
+    run = faults.FaultRun(app, app_spec, bootstrap, profile.partitions, log_dir)
     load_before, started = os.getloadavg(), time.monotonic()
     sampler: Sampler | None = None
     try:
@@ -273,8 +298,7 @@ def run_soak(app: App, app_spec: str, bootstrap: str, profile: SoakProfile, seed
             sampler.stop()
         run.abandon()
     growths, problems = growth_verdict(series, rule)
-    return SoakResult(outcome, growths, fault_errors + problems, struck, len(records), seconds, load_before,
-                      load_after)
+    return SoakResult(outcome, growths, fault_errors + problems, struck, len(records), seconds, load_before, load_after)
 
 
 def write_samples(series: dict[str, Series], path: Path) -> None:
@@ -291,17 +315,21 @@ def report(result: SoakResult) -> str:
     verdict = outcome.verdict if outcome else None
     faults = ", ".join(f"{name} {count}" for name, count in result.faults.items())
     if verdict is not None:
-        checked = (f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
-                   f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state, "
-                   f"{len(outcome.phantoms)} phantom reads")
+        checked = (
+            f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
+            f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state, "
+            f"{len(outcome.phantoms)} phantom reads"
+        )
     else:
         checked = f"checker: STUCK, lag per partition {outcome.stuck}" if outcome else "checker: did not run"
-    lines = [f"soak {'OK' if result.ok else 'FAIL'}: {result.records} records over {result.seconds / 60:.1f} min, "
-             f"{sum(result.faults.values())} faults ({faults}); load average "
-             f"{' '.join(f'{x:.2f}' for x in result.load_before)} -> {' '.join(f'{x:.2f}' for x in result.load_after)}",
-             checked,
-             f"{'instance':<12} {'lived':>6} {'judged':>6} {'RSS MiB first/base/recent/last':>31} "
-             f"{'fds first/base/recent/last':>27}"]
+    lines = [
+        f"soak {'OK' if result.ok else 'FAIL'}: {result.records} records over {result.seconds / 60:.1f} min, "
+        f"{sum(result.faults.values())} faults ({faults}); load average "
+        f"{' '.join(f'{x:.2f}' for x in result.load_before)} -> {' '.join(f'{x:.2f}' for x in result.load_after)}",
+        checked,
+        f"{'instance':<12} {'lived':>6} {'judged':>6} {'RSS MiB first/base/recent/last':>31} "
+        f"{'fds first/base/recent/last':>27}",
+    ]
     for g in result.growths:
         rss = "/".join(f"{x / MIB:.0f}" if x else "-" for x in (g.rss_first, g.rss_baseline, g.rss_recent, g.rss_last))
         fds = "/".join(f"{x:g}" if x else "-" for x in (g.fds_first, g.fds_baseline, g.fds_recent, g.fds_last))
@@ -310,8 +338,11 @@ def report(result: SoakResult) -> str:
 
 
 def main(app: App, app_spec: str, bootstrap: str, seed: int, log_dir: Path, profile: SoakProfile) -> int:
-    print(f"[soak] {profile.records} records over {profile.minutes:g} min, a fault every "
-          f"{profile.fault_every_s:g} s ({', '.join(profile.rotation)}), {profile.instances} instances", flush=True)
+    print(
+        f"[soak] {profile.records} records over {profile.minutes:g} min, a fault every "
+        f"{profile.fault_every_s:g} s ({', '.join(profile.rotation)}), {profile.instances} instances",
+        flush=True,
+    )
     result = run_soak(app, app_spec, bootstrap, profile, seed, log_dir)
     if result.outcome is not None and not result.outcome.ok:
         print(result.outcome.logs[-4000:], file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Fault runs (pipeline.testing.chaos.FaultRun): fresh topics, paced input, real pipeline processes, the checker's
+"""Fault runs (pipeline.testing.faults.FaultRun): fresh topics, paced input, real pipeline processes, the checker's
 verdict."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.loading import load_app
-from pipeline.testing.chaos import FaultRun, Outcome
+from pipeline.testing.faults import FaultRun, Outcome
 
 PARTITIONS = 3
 
@@ -19,8 +19,14 @@ def fault_run(kafka_bootstrap: str, tmp_path: Path) -> Iterator:
     runs: list[FaultRun] = []
 
     def make(app_spec: str = "pipeline.examples.running_totals:app", **env: str) -> FaultRun:
-        run = FaultRun(load_app(app_spec), app_spec, kafka_bootstrap, PARTITIONS, tmp_path / "logs",
-                       {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()})
+        run = FaultRun(
+            load_app(app_spec),
+            app_spec,
+            kafka_bootstrap,
+            PARTITIONS,
+            tmp_path / "logs",
+            {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()},
+        )
         runs.append(run)
         return run
 

@@ -14,7 +14,7 @@ from pipeline.kafka.offsets import EndOffsetsTimeout, high_watermarks
 from pipeline.kafka.topics import partition_counts
 from pipeline.settings import ConfigError
 from pipeline.testing import inputs
-from pipeline.testing.chaos import FaultRun
+from pipeline.testing.faults import FaultRun
 from pipeline.testing.harness import group_owners
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.support import eventually

@@ -25,9 +25,7 @@ def totals_input(n: int, seed: int = 0, poison_every: int = 0) -> list:
 @pytest.mark.parametrize("app_spec", [COPIER, TOTALS], ids=["copier", "running_totals"])
 def test_happy_path_two_instances(fault_run, app_spec):
     run = fault_run(app_spec)
-    records = (
-        list(inputs.copier_records(20_000, partitions=PARTITIONS)) if app_spec == COPIER else totals_input(20_000)
-    )
+    records = list(inputs.copier_records(20_000, partitions=PARTITIONS)) if app_spec == COPIER else totals_input(20_000)
     run.feed(records, seconds=2)
     run.start(2)
     outcome = run.finish()

@@ -36,8 +36,10 @@ def members(bootstrap: str, group: str) -> dict[str, tuple[str, list[int]]]:
     """group.instance.id -> (member id, input partitions), for every member of the group now."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     description = admin.describe_consumer_groups([group])[group].result(10)
-    return {m.group_instance_id: (m.member_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
-            for m in description.members}
+    return {
+        m.group_instance_id: (m.member_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+        for m in description.members
+    }
 
 
 def rejoined(bootstrap: str, group: str, instance_id: str, old_member_id: str) -> bool:

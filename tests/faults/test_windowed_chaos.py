@@ -2,8 +2,8 @@
 every closed window exactly once with the right count and sum, late records dead-lettered exactly once, by the
 checker's verdict.
 
-Each fault gets one run built from the chaos command's own parts (`chaos.FaultRun`: fresh topics, two pipeline
-processes, paced input, catch-up, the checker; `chaos.FAULTS[...]`: the fault itself, with its environment), smaller
+Each fault gets one run built from the chaos command's own parts (`FaultRun`: fresh topics, two pipeline
+processes, paced input, catch-up, the checker; `FAULTS[...]`: the fault itself, with its environment), smaller
 than `pipeline chaos --profile ci` (20,000 records over 12 s, two strikes at seeded moments): 8,000 records over 4 s
 (~780 windows, ~75 late records) and one strike. The input starts once both instances run their partitions
 (restored), and the strike comes once the first window has closed in committed output (~0.5 s into the input), so
@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka import KafkaException
 
 from pipeline.examples import windowed_totals
-from pipeline.testing import chaos
+from pipeline.testing import chaos, faults
 from pipeline.testing.harness import Fleet, Instance, group_owners
 from tests.faults.conftest import PARTITIONS
 from tests.support import eventually
@@ -35,9 +35,9 @@ def records() -> list:
     return list(windowed_totals.generate(RECORDS, PARTITIONS, SEED))
 
 
-def run_with_fault(fault: chaos.Fault, records: list, bootstrap: str, log_dir: Path) -> tuple[chaos.Outcome, str]:
+def run_with_fault(fault: faults.Fault, records: list, bootstrap: str, log_dir: Path) -> tuple[faults.Outcome, str]:
     """The outcome and every instance's whole log."""
-    run = chaos.FaultRun(windowed_totals.app, WINDOWED, bootstrap, PARTITIONS, log_dir, dict(fault.env))
+    run = faults.FaultRun(windowed_totals.app, WINDOWED, bootstrap, PARTITIONS, log_dir, dict(fault.env))
     try:
         fleet = run.start(2)
         eventually(lambda: ready(run, fleet), timeout_s=60, interval_s=0.2)
@@ -49,7 +49,7 @@ def run_with_fault(fault: chaos.Fault, records: list, bootstrap: str, log_dir: P
         run.abandon()
 
 
-def ready(run: chaos.FaultRun, fleet: Fleet) -> bool:
+def ready(run: faults.FaultRun, fleet: Fleet) -> bool:
     """Every partition owned by a live instance whose log says it restored it (a fresh changelog's end offsets can
     take seconds to be known on a loaded broker: owned is not running yet)."""
     try:
@@ -60,7 +60,8 @@ def ready(run: chaos.FaultRun, fleet: Fleet) -> bool:
     owned = sorted(p for owned in owners.values() for p in owned)
     return owned == list(range(PARTITIONS)) and all(
         name in alive and all(f"p{p} restored" in log(alive[name]) for p in partitions)
-        for name, partitions in owners.items())
+        for name, partitions in owners.items()
+    )
 
 
 def log(instance: Instance) -> str:
@@ -70,10 +71,10 @@ def log(instance: Instance) -> str:
         return ""
 
 
-@pytest.mark.parametrize("fault", chaos.PROCESS_FAULTS)
+@pytest.mark.parametrize("fault", faults.PROCESS_FAULTS)
 def test_windowed_totals_under_chaos_every_window_exactly_once(fault, records, kafka_bootstrap, tmp_path):
-    outcome, logs = run_with_fault(chaos.FAULTS[fault], records, kafka_bootstrap, tmp_path)
-    row = chaos.report([(chaos.FAULTS[fault], outcome, 0.0)]).splitlines()[-1]
+    outcome, logs = run_with_fault(faults.FAULTS[fault], records, kafka_bootstrap, tmp_path)
+    row = chaos.report([(faults.FAULTS[fault], outcome, 0.0)]).splitlines()[-1]
     print(row)  # with -s: the chaos command's row for this fault
     assert outcome.verdict is not None, f"did not catch up: {row}\n{outcome.logs[-4000:]}"
     assert outcome.ok, f"{row}\n{outcome.verdict.summary()}\n{outcome.logs[-4000:]}"

@@ -14,8 +14,9 @@ def schedule_wall(state: State, record: Record) -> Iterable[Output]:
     """Counts the account's records and schedules one wall-clock timer per record, WALL_DELAY_MS from now."""
     count = state.get(record.key, 0) + 1
     state[record.key] = count
-    state.timers.schedule(f"{record.key}/{count}", state.timers.wall_time_ms + WALL_DELAY_MS,
-                          payload=record.value["id"], clock="wall")
+    state.timers.schedule(
+        f"{record.key}/{count}", state.timers.wall_time_ms + WALL_DELAY_MS, payload=record.value["id"], clock="wall"
+    )
     return (Output(key=record.key, value={"id": record.value["id"], "count": count}),)
 
 

@@ -13,5 +13,8 @@ __all__ = ["app"]
 
 if getattr(sys.modules["__main__"].__spec__, "name", "") == "pipeline.__main__":
     _changes = PartitionState.changes
-    PartitionState.changes = lambda self: ((key, value) for key, value in _changes(self)  # type: ignore[method-assign]
-                                           if not key.startswith("__eos.timer"))
+    PartitionState.changes = lambda self: (
+        (key, value)
+        for key, value in _changes(self)  # type: ignore[method-assign]
+        if not key.startswith("__eos.timer")
+    )

@@ -76,11 +76,27 @@ class ContainerFleet(Fleet):
         name = f"instance-{self._started}"
         container = f"eos-{self.env['PIPELINE_APP_ID']}-{name}"
         log_path = self.log_dir / f"{name}.log"
-        env = {**FAST_FAILOVER, **self.env, **extra_env, "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
-               "PIPELINE_KAFKA_CLIENT_ID": name}
-        command = ["podman", "run", "--rm", "--name", container, "--network", "host",
-                   *(f"--env={k}={v}" for k, v in env.items()), self.image, *self._log_level_args(), "run",
-                   self.app_spec]
+        env = {
+            **FAST_FAILOVER,
+            **self.env,
+            **extra_env,
+            "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
+            "PIPELINE_KAFKA_CLIENT_ID": name,
+        }
+        command = [
+            "podman",
+            "run",
+            "--rm",
+            "--name",
+            container,
+            "--network",
+            "host",
+            *(f"--env={k}={v}" for k, v in env.items()),
+            self.image,
+            *self._log_level_args(),
+            "run",
+            self.app_spec,
+        ]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return ContainerInstance(name, process, log_path, container)

@@ -24,8 +24,13 @@ FRESH_TIMEOUT_S = 2400
 @pytest.mark.timeout(FRESH_TIMEOUT_S + 900)
 def test_make_demo_on_a_fresh_machine_installs_what_is_missing_and_ends_clean(engine, tmp_path: Path):
     log_path = tmp_path / "fresh-demo.log"
-    result = subprocess.run([str(FRESH_SH)], capture_output=True, text=True, timeout=FRESH_TIMEOUT_S,
-                            env={**os.environ, "EOS_FRESH_LOG": str(log_path)})
+    result = subprocess.run(
+        [str(FRESH_SH)],
+        capture_output=True,
+        text=True,
+        timeout=FRESH_TIMEOUT_S,
+        env={**os.environ, "EOS_FRESH_LOG": str(log_path)},
+    )
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
     assert result.returncode == 0, result.stderr[-4000:]
     assert "installing Debian packages: openjdk-17-jdk-headless maven postgresql" in log, log[-4000:]

@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import KafkaException
 
 from pipeline.loading import load_app
-from pipeline.testing import chaos, inputs
-from pipeline.testing.chaos import FaultRun
+from pipeline.testing import faults, inputs
+from pipeline.testing.faults import FaultRun
 from pipeline.testing.harness import group_owners
 from tests.faults.conftest import assert_exactly_once
 from tests.image.containers import BUILD_TIMEOUT_S, COMPACTION_IMAGE, SERVICE_IMAGE, ContainerFleet, podman
@@ -41,15 +41,16 @@ def container_fleets(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Container
         fleets.append(fleet)
         return fleet
 
-    monkeypatch.setattr(chaos, "Fleet", make)
+    monkeypatch.setattr(faults, "Fleet", make)
     yield fleets
     for fleet in fleets:
         fleet.remove_all()
 
 
 def _compaction(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    return podman("run", "--rm", "--network", "host", COMPACTION_IMAGE, "snapshots", *args, timeout_s=timeout_s,
-                  check=False)
+    return podman(
+        "run", "--rm", "--network", "host", COMPACTION_IMAGE, "snapshots", *args, timeout_s=timeout_s, check=False
+    )
 
 
 def _owners_if_settled(bootstrap: str, group: str, members: set[str]) -> dict[str, list[int]] | None:
@@ -69,7 +70,7 @@ def test_service_image_under_faults_then_compaction_image(images, kafka_bootstra
         run.feed(list(inputs.running_totals_records(RECORDS, partitions=PARTITIONS, seed=5)), seconds=25)
         fleet = run.start(2)
         time.sleep(2)
-        chaos.FAULTS["sigkill"].inject(fleet, random.Random(12))  # podman kill -s KILL a container, start another
+        faults.FAULTS["sigkill"].inject(fleet, random.Random(12))  # podman kill -s KILL a container, start another
         members = {i.name for i in fleet.alive}
         owners = eventually(lambda: _owners_if_settled(kafka_bootstrap, run.app_id, members), timeout_s=90)
         # The zombie: the container owning most partitions, frozen (podman pause) until the other one has taken
@@ -77,8 +78,7 @@ def test_service_image_under_faults_then_compaction_image(images, kafka_bootstra
         zombie = next(i for i in fleet.alive if i.name == max(owners, key=lambda name: len(owners[name])))
         zombie.pause()
         try:
-            eventually(lambda: _owners_if_settled(kafka_bootstrap, run.app_id, members - {zombie.name}),
-                       timeout_s=90)
+            eventually(lambda: _owners_if_settled(kafka_bootstrap, run.app_id, members - {zombie.name}), timeout_s=90)
         finally:
             zombie.resume()
         outcome = run.finish(timeout_s=180)
@@ -88,8 +88,9 @@ def test_service_image_under_faults_then_compaction_image(images, kafka_bootstra
     assert outcome.verdict.outputs == RECORDS
     assert len(container_fleets[0].instances) == 3, "a killed container must have been replaced"
 
-    compact = _compaction("compact", "--bootstrap-servers", kafka_bootstrap, "--app-id", run.app_id,
-                          "--master", "local[1]")
+    compact = _compaction(
+        "compact", "--bootstrap-servers", kafka_bootstrap, "--app-id", run.app_id, "--master", "local[1]"
+    )
     assert compact.returncode == 0, compact.stdout[-3000:] + compact.stderr[-6000:]
     show = _compaction("show", "--bootstrap-servers", kafka_bootstrap, "--app-id", run.app_id, timeout_s=300)
     assert show.returncode == 0, show.stderr[-3000:]

@@ -43,8 +43,12 @@ def test_writes_survive_killing_one_node(kafka_cluster):
     acked += produce_acked(producer, topic, [b"after-%d" % i for i in range(300)])
 
     consumer = Consumer(
-        {"bootstrap.servers": kafka_cluster.bootstrap, "group.id": "check", "isolation.level": "read_committed",
-         "enable.auto.commit": False}
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap,
+            "group.id": "check",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
     )
     ends = high_watermarks(admin, topic, [0, 1, 2], 30)
     seen = [m.value() for m in read_to_end(TailReader(consumer, topic, dict.fromkeys(ends, 0), ends), 60)]

@@ -99,8 +99,12 @@ def test_send_offsets_to_transaction_commits_offsets_with_outputs(kafka_bootstra
     source, sink = new_topic("in"), new_topic("out")
     group = f"group-{uuid.uuid4().hex}"
     consumer = Consumer(
-        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "isolation.level": "read_committed",
-         "enable.auto.commit": False}
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
     )
     consumer.assign([TopicPartition(source, 0, 0)])
     producer = transactional_producer(kafka_bootstrap)

@@ -54,8 +54,26 @@ def test_a_wrong_password_fails_authentication(kafka_secure):
 
 def test_a_certificate_from_another_ca_is_not_trusted(kafka_secure, tmp_path: Path):
     other_ca = tmp_path / "other-ca.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
-                    "-keyout", str(tmp_path / "other.key"), "-out", str(other_ca)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+            "-keyout",
+            str(tmp_path / "other.key"),
+            "-out",
+            str(other_ca),
+        ],
+        check=True,
+        capture_output=True,
+    )
     error = first_error(kafka_secure.client_config("pipeline", ca_location=str(other_ca)))
     assert error is not None and error.code() in (KafkaError._SSL, KafkaError._ALL_BROKERS_DOWN), error
     assert not _metadata_ok(kafka_secure.client_config("pipeline", ca_location=str(other_ca)))

@@ -44,8 +44,14 @@ class RestoreBeforeFenceRunner(Runner):
 
 def zombie_with_open_transaction(runner: Runner, bootstrap: str) -> PartitionTask:
     """A previous owner of p0 that processed every input record in a transaction it has not committed yet."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": runner.app_id, "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": runner.app_id,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.assign([TopicPartition(runner.input_topic, 0, 0)])
     zombie = PartitionTask(dataclasses.replace(runner.ctx, consumer=consumer), 0)
     zombie.fence()
@@ -80,8 +86,14 @@ def run_takeover(runner_class: type[Runner], bootstrap: str) -> checker.Verdict:
     eventually(lambda: runner._loop_once() or runner.tasks[0].next_offset == 50, timeout_s=30, interval_s=0)
     runner.tasks[0].commit()
     runner._shutdown()
-    return checker.verify(app, bootstrap, dead_letter_topic=runner.dead_letter_topic,
-                          changelog_topic=runner.changelog_topic, group_id=runner.app_id, timeout_s=30)
+    return checker.verify(
+        app,
+        bootstrap,
+        dead_letter_topic=runner.dead_letter_topic,
+        changelog_topic=runner.changelog_topic,
+        group_id=runner.app_id,
+        timeout_s=30,
+    )
 
 
 def test_fencing_first_keeps_the_zombie_out(kafka_bootstrap):
@@ -93,4 +105,3 @@ def test_restoring_before_fencing_lets_the_zombie_double_outputs(kafka_bootstrap
     verdict = run_takeover(RestoreBeforeFenceRunner, kafka_bootstrap)
     assert not verdict.ok
     assert verdict.duplicates.count == 50, verdict.summary()
-

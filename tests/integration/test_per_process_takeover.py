@@ -73,9 +73,14 @@ def setup(kafka_bootstrap: str) -> Iterator[tuple[Runner, settings.Settings]]:
     app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
     inputs.create_topics(kafka_bootstrap, {app.input_topic: 1, app.output_topic: 1})
     inputs.produce_running_totals(kafka_bootstrap, app.input_topic, RECORDS, partitions=1)
-    config = settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=f"kip447-{suffix}",
-                           producers="per_process", transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-                           commit_interval_ms=200)
+    config = settings.load(
+        env={},
+        bootstrap_servers=kafka_bootstrap,
+        app_id=f"kip447-{suffix}",
+        producers="per_process",
+        transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+        commit_interval_ms=200,
+    )
     runner = Runner(app, config)
     runner.open()
     yield runner, config
@@ -99,8 +104,14 @@ def verdict(runner: Runner, thread: threading.Thread) -> checker.Verdict:
     eventually(lambda: runner.tasks[0].committed_offset == RECORDS, timeout_s=30, interval_s=0.1)
     runner.stop()
     thread.join(30)
-    return checker.verify(runner.app, runner.settings.bootstrap_servers, dead_letter_topic=runner.dead_letter_topic,
-                          changelog_topic=runner.changelog_topic, group_id=runner.app_id, timeout_s=30)
+    return checker.verify(
+        runner.app,
+        runner.settings.bootstrap_servers,
+        dead_letter_topic=runner.dead_letter_topic,
+        changelog_topic=runner.changelog_topic,
+        group_id=runner.app_id,
+        timeout_s=30,
+    )
 
 
 def test_new_owner_waits_for_the_previous_owners_commit(setup):

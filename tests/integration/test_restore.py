@@ -76,8 +76,9 @@ def test_restart_restores_state_and_continues_exactly_once(kafka_bootstrap):
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 60)
     restored = runner.metrics.restore_records.labels("0")._value.get()
     assert restored > 50  # the first run's changes and checkpoints were read back
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
+    )
     assert verdict.ok, verdict.summary()
 
 
@@ -128,9 +129,18 @@ def slow_restore(monkeypatch):
 
 def restore_a_long_changelog(bootstrap: str, runner_class: type[Runner], until) -> Runner:
     app, app_id = fresh_app(bootstrap)
-    runner = runner_class(app, settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id,
-                                             max_poll_interval_ms=6_000, session_timeout_ms=6_000,
-                                             request_timeout_ms=2_000, restore_step_ms=100))
+    runner = runner_class(
+        app,
+        settings.load(
+            env={},
+            bootstrap_servers=bootstrap,
+            app_id=app_id,
+            max_poll_interval_ms=6_000,
+            session_timeout_ms=6_000,
+            request_timeout_ms=2_000,
+            restore_step_ms=100,
+        ),
+    )
     runner.open()  # creates the changelog
     fill_changelog(bootstrap, runner.changelog_topic, 100_000)
     with running(runner):
@@ -170,8 +180,10 @@ def test_blocking_restore_loses_the_membership(kafka_bootstrap, slow_restore):
 def test_snapshot_on_shutdown_makes_the_next_restore_read_no_changelog(kafka_bootstrap, caplog):
     app, app_id = fresh_app(kafka_bootstrap, partitions=2)
     inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 3_000, partitions=2, seed=5)
-    with caplog.at_level("INFO", logger="pipeline.runner"), \
-            running(make_runner(app, app_id, kafka_bootstrap, snapshot_on_shutdown=True)):
+    with (
+        caplog.at_level("INFO", logger="pipeline.runner"),
+        running(make_runner(app, app_id, kafka_bootstrap, snapshot_on_shutdown=True)),
+    ):
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 2, 60)
     assert caplog.text.count("published on shutdown") == 2, caplog.text
 
@@ -182,6 +194,7 @@ def test_snapshot_on_shutdown_makes_the_next_restore_read_no_changelog(kafka_boo
     for p in ("0", "1"):
         assert runner.metrics.restore_snapshot_entries.labels(p)._value.get() > 0
         assert runner.metrics.restore_records.labels(p)._value.get() == 0  # the snapshot covers the whole changelog
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
+    )
     assert verdict.ok, verdict.summary()  # the state the outputs continued from was the committed one

@@ -41,12 +41,14 @@ def test_unreachable_broker_fails_with_a_bounded_clear_error():
 def test_at_least_once_happy_path_loses_nothing(kafka_bootstrap):
     app, app_id = fresh_app(kafka_bootstrap, partitions=3)
     inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 5_000, partitions=3)
-    config = settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id,
-                           processing_guarantee="at_least_once")
+    config = settings.load(
+        env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, processing_guarantee="at_least_once"
+    )
     with running(Runner(app, config)):
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 3, 60)
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
+    )
     assert verdict.ok, verdict.summary()
 
 
@@ -69,7 +71,13 @@ def test_metrics_and_readiness_are_served(kafka_bootstrap):
         eventually(lambda: get("/ready")[0] == 200)
         status, text = get("/metrics")
     assert status == 200
-    for name in ("pipeline_records_in_total", "pipeline_transactions_total", "pipeline_commit_latency_seconds",
-                 "pipeline_consumer_lag", "pipeline_restore_duration_seconds", "pipeline_dead_letters_total",
-                 "pipeline_ready 1.0"):
+    for name in (
+        "pipeline_records_in_total",
+        "pipeline_transactions_total",
+        "pipeline_commit_latency_seconds",
+        "pipeline_consumer_lag",
+        "pipeline_restore_duration_seconds",
+        "pipeline_dead_letters_total",
+        "pipeline_ready 1.0",
+    ):
         assert name in text

@@ -14,7 +14,7 @@ import pytest
 from pipeline.loading import load_app
 from pipeline.postgres.sink import Target
 from pipeline.testing import inputs, postgres_checker
-from pipeline.testing.chaos import produce_paced
+from pipeline.testing.faults import produce_paced
 from pipeline.testing.harness import Fleet
 from pipeline.testing.oracle import Verdict
 
@@ -45,15 +45,22 @@ class PgRun:
         return Target(self.schema, self.app, self.app_id, self.input_topic)
 
     def start(self, instances: int) -> Fleet:
-        env = {"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": self.dsn, "PIPELINE_POSTGRES_SCHEMA": self.schema,
-               "PIPELINE_APP_ID": self.app_id, "PIPELINE_INPUT_TOPIC": self.input_topic, **self.env}
+        env = {
+            "PIPELINE_SINK": "postgres",
+            "PIPELINE_POSTGRES_DSN": self.dsn,
+            "PIPELINE_POSTGRES_SCHEMA": self.schema,
+            "PIPELINE_APP_ID": self.app_id,
+            "PIPELINE_INPUT_TOPIC": self.input_topic,
+            **self.env,
+        }
         self.fleet = Fleet(self.app_spec, self.bootstrap, env, self.log_dir / self.app_id)
         self.fleet.start(instances)
         return self.fleet
 
     def feed(self, records: Sequence[inputs.ProducedRecord], seconds: float) -> None:
-        self._feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, self.input_topic, list(records),
-                                                                    seconds), daemon=True)
+        self._feeder = threading.Thread(
+            target=produce_paced, args=(self.bootstrap, self.input_topic, list(records), seconds), daemon=True
+        )
         self._feeder.start()
 
     def finish(self, timeout_s: float = 90) -> Verdict:
@@ -63,8 +70,9 @@ class PgRun:
         lag = postgres_checker.wait_caught_up(self.bootstrap, self.dsn, self.target, range(PARTITIONS), timeout_s)
         self.fleet.stop_all(timeout_s=30)
         assert not lag, f"offsets table did not catch up, lag per partition {lag}\n{self.fleet.logs()}"
-        return postgres_checker.verify_tables(self.app, self.bootstrap, self.dsn, schema=self.schema,
-                                              input_topic=self.input_topic, app_id=self.app_id)
+        return postgres_checker.verify_tables(
+            self.app, self.bootstrap, self.dsn, schema=self.schema, input_topic=self.input_topic, app_id=self.app_id
+        )
 
     def logs(self) -> str:
         return "\n".join(i.log_path.read_text(errors="replace") for i in self.fleet.instances) if self.fleet else ""
@@ -75,8 +83,15 @@ def pg_run(kafka_bootstrap: str, postgres_dsn: str, pg_schema: str, tmp_path: Pa
     runs: list[PgRun] = []
 
     def make(app_spec: str = TOTALS_PG, check_with: str | None = None, **env: str) -> PgRun:
-        run = PgRun(kafka_bootstrap, postgres_dsn, pg_schema, app_spec, tmp_path / "logs",
-                    {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()}, check_with)
+        run = PgRun(
+            kafka_bootstrap,
+            postgres_dsn,
+            pg_schema,
+            app_spec,
+            tmp_path / "logs",
+            {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()},
+            check_with,
+        )
         runs.append(run)
         return run
 

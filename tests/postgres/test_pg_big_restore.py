@@ -55,7 +55,8 @@ def bulk_state(dsn: str, schema: str, target: Target, partition: int) -> None:
 
 
 def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exactly_once(
-        kafka_bootstrap, postgres_dsn, pg_schema, slow_pages, monkeypatch, capsys):
+    kafka_bootstrap, postgres_dsn, pg_schema, slow_pages, monkeypatch, capsys
+):
     """A second member joins while p is restoring: the group's rebalance needs the first member to rejoin within
     max.poll.interval.ms (the rebalance time-out), which it can only do between polls. A restore that kept the poll
     thread (or the assignment callback) for longer loses p to the rebalance."""
@@ -66,9 +67,18 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
     bulk_state(postgres_dsn, pg_schema, target, 0)
     inputs.produce_running_totals(kafka_bootstrap, topic, 2_000, partitions=1, seed=7)  # waiting during the restore
     config = settings.load(
-        env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, input_topic=topic, sink="postgres",
-        postgres_dsn=postgres_dsn, postgres_schema=pg_schema, postgres_idle_in_transaction_timeout_ms=1_000,
-        max_poll_interval_ms=6_000, session_timeout_ms=6_000, request_timeout_ms=2_000, restore_step_ms=100,
+        env={},
+        bootstrap_servers=kafka_bootstrap,
+        app_id=app_id,
+        input_topic=topic,
+        sink="postgres",
+        postgres_dsn=postgres_dsn,
+        postgres_schema=pg_schema,
+        postgres_idle_in_transaction_timeout_ms=1_000,
+        max_poll_interval_ms=6_000,
+        session_timeout_ms=6_000,
+        request_timeout_ms=2_000,
+        restore_step_ms=100,
     )
     first, second = PgRunner(totals_pg, config), PgRunner(totals_pg, config)
     with running(first):
@@ -83,13 +93,15 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
     assert restore_seconds > 6  # longer than max.poll.interval.ms
 
     with connect(postgres_dsn, autocommit=True) as conn:  # the bulk rows stayed as they were; then out of the way
-        deleted = conn.execute(sql.SQL("DELETE FROM {} WHERE key LIKE %s").format(STATE.ident(pg_schema)),
-                               (BULK_PREFIX + "%",)).rowcount
+        deleted = conn.execute(
+            sql.SQL("DELETE FROM {} WHERE key LIKE %s").format(STATE.ident(pg_schema)), (BULK_PREFIX + "%",)
+        ).rowcount
     assert deleted == BULK_ROWS
     # `pipeline verify` picks the table checker from the settings `pipeline run` reads (PIPELINE_SINK).
     for name, value in (("SINK", "postgres"), ("POSTGRES_DSN", postgres_dsn), ("POSTGRES_SCHEMA", pg_schema)):
         monkeypatch.setenv(f"PIPELINE_{name}", value)
-    exit_code = checker.main([TOTALS_PG, "--bootstrap-servers", kafka_bootstrap, "--input-topic", topic,
-                              "--group-id", app_id, "--json"])
+    exit_code = checker.main(
+        [TOTALS_PG, "--bootstrap-servers", kafka_bootstrap, "--input-topic", topic, "--group-id", app_id, "--json"]
+    )
     verdict = json.loads(capsys.readouterr().out)
     assert exit_code == 0 and verdict["ok"] and verdict["counts"]["outputs"] == 2_000, verdict

@@ -49,8 +49,16 @@ def test_a_duplicate_row_is_reported_as_a_duplicate():
 def test_a_missing_row_a_wrong_state_a_derived_problem_and_a_short_offset_are_reported():
     run = correct_run()
     wrong_state = {0: {**run.states[0], "acct-1": orjson.dumps([3, 99])}}
-    verdict = check_tables(app, replace(run, outputs=run.outputs[:-1], states=wrong_state, offsets={0: (5, 3)},
-                                        derived_problems=["totals 'acct-1': (3, 99) != reference (3, 30)"]))
+    verdict = check_tables(
+        app,
+        replace(
+            run,
+            outputs=run.outputs[:-1],
+            states=wrong_state,
+            offsets={0: (5, 3)},
+            derived_problems=["totals 'acct-1': (3, 99) != reference (3, 30)"],
+        ),
+    )
     assert verdict.losses.count == 1
     assert verdict.state.count == 2
     assert verdict.offsets.count == 1

@@ -58,14 +58,21 @@ class FakeMessage:
 
 
 def messages(first: int, last: int, partition: int = 0) -> list[FakeMessage]:
-    return [FakeMessage(partition, i, f"acct-{i % 3}".encode(), orjson.dumps({"id": i, "amount": i}))
-            for i in range(first, last)]
+    return [
+        FakeMessage(partition, i, f"acct-{i % 3}".encode(), orjson.dumps({"id": i, "amount": i}))
+        for i in range(first, last)
+    ]
 
 
 @pytest.fixture
 def ctx(postgres_dsn: str, pg_schema: str) -> Iterator[WorkerContext]:
-    settings = Settings(sink="postgres", postgres_dsn=postgres_dsn, postgres_schema=pg_schema,
-                        postgres_idle_in_transaction_timeout_ms=1000, request_timeout_ms=10_000)
+    settings = Settings(
+        sink="postgres",
+        postgres_dsn=postgres_dsn,
+        postgres_schema=pg_schema,
+        postgres_idle_in_transaction_timeout_ms=1000,
+        request_timeout_ms=10_000,
+    )
     kwargs = {**connection_kwargs(settings, "test"), "autocommit": True}
     with connect(postgres_dsn, autocommit=True) as conn:
         ensure_schema(conn, pg_schema, TotalsSink.tables)
@@ -104,7 +111,10 @@ def test_restore_reads_offset_and_state_from_the_tables(ctx):
     second.process(messages(5, 14))  # 5..11 were fetched before the seek took effect: skipped
     second.commit()
     assert table(ctx, "SELECT account, count, sum FROM {s}.totals ORDER BY account") == [
-        ("acct-0", 5, 30), ("acct-1", 5, 35), ("acct-2", 4, 26)]
+        ("acct-0", 5, 30),
+        ("acct-1", 5, 35),
+        ("acct-2", 4, 26),
+    ]
     assert table(ctx, "SELECT count(*) FROM {s}.outputs") == [(14,)]
 
 
@@ -168,8 +178,11 @@ def test_a_writer_paused_mid_transaction_is_ended_by_the_server(ctx):
     old.take_over()
     paused = ctx.pool.getconn()
     paused.execute("BEGIN")
-    paused.execute(sql.SQL("UPDATE {} SET owner = 'paused' WHERE input_partition = 0").format(
-        sql.Identifier(ctx.settings.postgres_schema, "pipeline_offsets")))
+    paused.execute(
+        sql.SQL("UPDATE {} SET owner = 'paused' WHERE input_partition = 0").format(
+            sql.Identifier(ctx.settings.postgres_schema, "pipeline_offsets")
+        )
+    )
     started = time.monotonic()
     new = PgWorker(ctx, 0)
     new.take_over()

@@ -42,10 +42,17 @@ def test_schema_is_created_once_and_start_up_is_idempotent(postgres_dsn, pg_sche
         assert ensure_schema(conn, pg_schema, TABLES) == LATEST_VERSION
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (pg_schema,))}
         # The fence, not a constraint, keeps duplicates out: the only index on outputs is its surrogate key.
-        indexes = conn.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'outputs'",
-                               (pg_schema,)).fetchall()
-    assert tables == {"pipeline_schema_version", "pipeline_offsets", "pipeline_state", "pipeline_dead_letters",
-                      "outputs", "totals"}
+        indexes = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = 'outputs'", (pg_schema,)
+        ).fetchall()
+    assert tables == {
+        "pipeline_schema_version",
+        "pipeline_offsets",
+        "pipeline_state",
+        "pipeline_dead_letters",
+        "outputs",
+        "totals",
+    }
     assert len(indexes) == 1 and "(row_id)" in indexes[0][0]
 
 
@@ -68,8 +75,9 @@ def test_instances_starting_together_migrate_once(postgres_dsn):
             t.join(30)
         assert not errors
         with connect(postgres_dsn) as conn:
-            rows = conn.execute(sql.SQL("SELECT component, version FROM {}").format(
-                SCHEMA_VERSION.ident(schema))).fetchall()
+            rows = conn.execute(
+                sql.SQL("SELECT component, version FROM {}").format(SCHEMA_VERSION.ident(schema))
+            ).fetchall()
         assert rows == [(COMPONENT, LATEST_VERSION)]
     finally:
         with connect(postgres_dsn, autocommit=True) as conn:
@@ -102,15 +110,19 @@ def _prepare_or_error(dsn: str, application_name: str, schema: str) -> object:
 
 
 def _pid_waiting_for_a_lock(conn, application_name: str) -> int | None:
-    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
-                       (application_name,)).fetchone()
+    row = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'", (application_name,)
+    ).fetchone()
     return row[0] if row else None
 
 
 def test_a_table_that_does_not_match_stops_the_start_with_every_difference(postgres_dsn, pg_schema):
     with connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (input_partition integer, input_offset integer, account text)")
-                     .format(sql.Identifier(pg_schema, "outputs")))
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (input_partition integer, input_offset integer, account text)").format(
+                sql.Identifier(pg_schema, "outputs")
+            )
+        )
         with pytest.raises(PostgresSetupError) as raised:
             ensure_schema(conn, pg_schema, TABLES)
     message = str(raised.value)
@@ -138,11 +150,20 @@ def test_missing_database_wrong_credentials_and_unreachable_server_are_clear_err
 
 def test_run_exits_2_naming_the_problem_without_leaking_the_password(postgres_dsn, kafka_bootstrap, new_topic):
     topic = new_topic("in", partitions=1)
-    env = {**os.environ, "PIPELINE_SINK": "postgres", "PIPELINE_INPUT_TOPIC": topic,
-           "PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap,
-           "PIPELINE_POSTGRES_DSN": with_dsn(postgres_dsn, password="s3cret-typo")}
-    done = subprocess.run([sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals_pg:app"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "PIPELINE_SINK": "postgres",
+        "PIPELINE_INPUT_TOPIC": topic,
+        "PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "PIPELINE_POSTGRES_DSN": with_dsn(postgres_dsn, password="s3cret-typo"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals_pg:app"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr
     assert "configuration error: POSTGRES_DSN pipeline@127.0.0.1" in done.stderr
     assert "refused the credentials" in done.stderr
@@ -158,7 +179,8 @@ def test_settings_of_the_postgres_sink_are_validated():
         Settings(sink="postgres", postgres_dsn="x", processing_guarantee="at_least_once")
     with pytest.raises(ConfigError, match="IDLE_IN_TRANSACTION_TIMEOUT_MS=20000 must be below"):
         Settings(sink="postgres", postgres_dsn="x", postgres_idle_in_transaction_timeout_ms=20_000)
-    loaded = settings_module.load(env={"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": "host=db",
-                                       "PIPELINE_POSTGRES_POOL_SIZE": "8"})
+    loaded = settings_module.load(
+        env={"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": "host=db", "PIPELINE_POSTGRES_POOL_SIZE": "8"}
+    )
     assert (loaded.sink, loaded.postgres_dsn, loaded.postgres_pool_size) == ("postgres", "host=db", 8)
     assert "hunter2" not in repr(Settings(sink="postgres", postgres_dsn="postgresql://u:hunter2@db/x"))

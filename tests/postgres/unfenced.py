@@ -15,10 +15,13 @@ from pipeline.postgres.worker import PgWorker
 
 
 def _advance_offset_without_epoch_check(self: PgWorker, cur: psycopg.Cursor) -> None:
-    statement = sql.SQL("UPDATE {} SET next_offset = %s, committed_at = now() "
-                        "WHERE app_id = %s AND topic = %s AND input_partition = %s")
-    cur.execute(statement.format(self.ctx.table("pipeline_offsets")),
-                (self.next_offset, self.ctx.app_id, self.ctx.input_topic, self.partition))
+    statement = sql.SQL(
+        "UPDATE {} SET next_offset = %s, committed_at = now() WHERE app_id = %s AND topic = %s AND input_partition = %s"
+    )
+    cur.execute(
+        statement.format(self.ctx.table("pipeline_offsets")),
+        (self.next_offset, self.ctx.app_id, self.ctx.input_topic, self.partition),
+    )
 
 
 PgWorker._advance_offset = _advance_offset_without_epoch_check

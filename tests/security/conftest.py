@@ -21,7 +21,7 @@ from pipeline.kafka.acls import Acl, Names, binding_filters, bindings
 from pipeline.loading import load_app
 from pipeline.postgres.sink import Target
 from pipeline.testing import inputs, postgres_checker
-from pipeline.testing.chaos import FaultRun, produce_paced
+from pipeline.testing.faults import FaultRun, produce_paced
 from pipeline.testing.harness import Fleet, kafka_env
 from pipeline.testing.oracle import Verdict
 
@@ -80,13 +80,20 @@ def secure_run(kafka_secure: SecureBroker, tmp_path: Path) -> Iterator:
     """FaultRun on the secured broker: fresh topics (created by admin), processes as User:pipeline."""
     runs: list[FaultRun] = []
 
-    def make(app_spec: str = TOTALS, log_level: str | None = None, service: dict[str, str] | None = None,
-             **env: str) -> FaultRun:
-        run = FaultRun(load_app(app_spec), app_spec, kafka_secure.bootstrap, PARTITIONS, tmp_path / "logs",
-                       {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()},
-                       client_config=kafka_secure.client_config("admin"),
-                       service_config=service if service is not None else service_config(kafka_secure),
-                       log_level=log_level)
+    def make(
+        app_spec: str = TOTALS, log_level: str | None = None, service: dict[str, str] | None = None, **env: str
+    ) -> FaultRun:
+        run = FaultRun(
+            load_app(app_spec),
+            app_spec,
+            kafka_secure.bootstrap,
+            PARTITIONS,
+            tmp_path / "logs",
+            {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()},
+            client_config=kafka_secure.client_config("admin"),
+            service_config=service if service is not None else service_config(kafka_secure),
+            log_level=log_level,
+        )
         runs.append(run)
         return run
 
@@ -134,21 +141,30 @@ class SecurePgRun:
         return Names(self.app_id, self.input_topic, "")
 
     def produce(self, records: list[inputs.ProducedRecord]) -> None:
-        inputs.produce(self.secure.bootstrap, self.input_topic, records, partitions=PARTITIONS,
-                       extra_config=self.admin_config)
+        inputs.produce(
+            self.secure.bootstrap, self.input_topic, records, partitions=PARTITIONS, extra_config=self.admin_config
+        )
 
     def feed(self, records: list[inputs.ProducedRecord], seconds: float) -> None:
         """Produces the records spread over `seconds`, in the background (finish() waits for it)."""
-        self._feeder = threading.Thread(target=produce_paced, args=(self.secure.bootstrap, self.input_topic, records,
-                                                                    seconds, self.admin_config), daemon=True)
+        self._feeder = threading.Thread(
+            target=produce_paced,
+            args=(self.secure.bootstrap, self.input_topic, records, seconds, self.admin_config),
+            daemon=True,
+        )
         self._feeder.start()
 
     def start(self, instances: int) -> Fleet:
         if self.fleet is None:
-            env = {"PIPELINE_SINK": "postgres", "PIPELINE_POSTGRES_DSN": self.dsn,
-                   "PIPELINE_POSTGRES_SCHEMA": self.schema, "PIPELINE_APP_ID": self.app_id,
-                   "PIPELINE_INPUT_TOPIC": self.input_topic,
-                   **kafka_env(service_config(self.secure)), **self.env}
+            env = {
+                "PIPELINE_SINK": "postgres",
+                "PIPELINE_POSTGRES_DSN": self.dsn,
+                "PIPELINE_POSTGRES_SCHEMA": self.schema,
+                "PIPELINE_APP_ID": self.app_id,
+                "PIPELINE_INPUT_TOPIC": self.input_topic,
+                **kafka_env(service_config(self.secure)),
+                **self.env,
+            }
             self.fleet = Fleet(TOTALS_PG, self.secure.bootstrap, env, self.log_dir / self.app_id, self.log_level)
         self.fleet.start(instances)
         return self.fleet
@@ -157,13 +173,20 @@ class SecurePgRun:
         if self._feeder is not None:
             self._feeder.join(timeout_s)
         target = Target(self.schema, self.app, self.app_id, self.input_topic)
-        lag = postgres_checker.wait_caught_up(self.secure.bootstrap, self.check_dsn, target, range(PARTITIONS),
-                                              timeout_s, extra_config=self.admin_config)
+        lag = postgres_checker.wait_caught_up(
+            self.secure.bootstrap, self.check_dsn, target, range(PARTITIONS), timeout_s, extra_config=self.admin_config
+        )
         self.fleet.stop_all(timeout_s=30)
         assert not lag, f"offsets table did not catch up, lag per partition {lag}\n{self.fleet.logs()}"
-        return postgres_checker.verify_tables(self.app, self.secure.bootstrap, self.check_dsn, schema=self.schema,
-                                              input_topic=self.input_topic, app_id=self.app_id,
-                                              extra_config=self.admin_config)
+        return postgres_checker.verify_tables(
+            self.app,
+            self.secure.bootstrap,
+            self.check_dsn,
+            schema=self.schema,
+            input_topic=self.input_topic,
+            app_id=self.app_id,
+            extra_config=self.admin_config,
+        )
 
 
 @pytest.fixture
@@ -182,13 +205,21 @@ def pg_role(postgres_dsn: str, pg_schema: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def secure_pg_run(kafka_secure: SecureBroker, postgres_dsn: str, pg_schema: str, pg_role: str,
-                  tmp_path: Path) -> Iterator:
+def secure_pg_run(
+    kafka_secure: SecureBroker, postgres_dsn: str, pg_schema: str, pg_role: str, tmp_path: Path
+) -> Iterator:
     runs: list[SecurePgRun] = []
 
     def make(log_level: str | None = None, **env: str) -> SecurePgRun:
-        run = SecurePgRun(kafka_secure, pg_role, postgres_dsn, pg_schema, tmp_path / "logs",
-                          {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()}, log_level)
+        run = SecurePgRun(
+            kafka_secure,
+            pg_role,
+            postgres_dsn,
+            pg_schema,
+            tmp_path / "logs",
+            {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()},
+            log_level,
+        )
         runs.append(run)
         return run
 

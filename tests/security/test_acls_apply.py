@@ -31,19 +31,22 @@ def command_config(path: Path, kafka_secure, user: str) -> Path:
         "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{user}" password="{kafka_secure.passwords[user]}";\n'
-        f"ssl.truststore.type=PEM\nssl.truststore.location={kafka_secure.ca_location}\n")
+        f"ssl.truststore.type=PEM\nssl.truststore.location={kafka_secure.ca_location}\n"
+    )
     return path
 
 
 def pipeline_acls_command(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return subprocess.run([sys.executable, "-m", "pipeline", "acls", TOTALS, *args], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "acls", TOTALS, *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def granted_to(admin: AdminClient, principal: str, app_id: str) -> set[tuple]:
-    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY,
-                                  AclPermissionType.ANY)
+    everything = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, principal, None, AclOperation.ANY, AclPermissionType.ANY
+    )
     found = admin.describe_acls(everything, request_timeout=REQUEST_S).result(REQUEST_S)
     return {(b.restype, b.name, b.resource_pattern_type, b.operation) for b in found if b.name.startswith(app_id)}
 
@@ -55,15 +58,29 @@ def as_set(principal: str, acls: list) -> set[tuple]:
 def test_apply_grants_exactly_the_definition(kafka_secure, tmp_path: Path) -> None:
     app_id = f"apply-{uuid.uuid4().hex[:8]}"
     names = Names(app_id, f"{app_id}-in", f"{app_id}-out")
-    expected = {PIPELINE: as_set(PIPELINE, pipeline_acls(names)),
-                COMPACTION: as_set(COMPACTION, compaction_acls(names))}
+    expected = {
+        PIPELINE: as_set(PIPELINE, pipeline_acls(names)),
+        COMPACTION: as_set(COMPACTION, compaction_acls(names)),
+    }
     admin = AdminClient(kafka_secure.client_config("admin"))
     try:
         result = pipeline_acls_command(
-            "--app-id", app_id, "--input-topic", names.input_topic, "--output-topic", names.output_topic,
-            "--principal", PIPELINE, "--compaction-principal", COMPACTION, "--apply",
-            "--bootstrap-servers", kafka_secure.bootstrap,
-            "--command-config", str(command_config(tmp_path / "admin.properties", kafka_secure, "admin")))
+            "--app-id",
+            app_id,
+            "--input-topic",
+            names.input_topic,
+            "--output-topic",
+            names.output_topic,
+            "--principal",
+            PIPELINE,
+            "--compaction-principal",
+            COMPACTION,
+            "--apply",
+            "--bootstrap-servers",
+            kafka_secure.bootstrap,
+            "--command-config",
+            str(command_config(tmp_path / "admin.properties", kafka_secure, "admin")),
+        )
 
         assert result.returncode == 0, result.stderr
         assert result.stdout.count("granted ") == sum(len(v) for v in expected.values())
@@ -78,8 +95,14 @@ def test_apply_grants_exactly_the_definition(kafka_secure, tmp_path: Path) -> No
 def test_apply_without_the_right_to_alter_acls_says_so(kafka_secure, tmp_path: Path) -> None:
     app_id = f"apply-{uuid.uuid4().hex[:8]}"
     result = pipeline_acls_command(
-        "--app-id", app_id, "--apply", "--bootstrap-servers", kafka_secure.bootstrap,
-        "--command-config", str(command_config(tmp_path / "pipeline.properties", kafka_secure, "pipeline")))
+        "--app-id",
+        app_id,
+        "--apply",
+        "--bootstrap-servers",
+        kafka_secure.bootstrap,
+        "--command-config",
+        str(command_config(tmp_path / "pipeline.properties", kafka_secure, "pipeline")),
+    )
 
     assert result.returncode == 1
     assert f"pipeline acls: cannot grant READ on topic 'totals-input' to User:{app_id}: " in result.stderr

@@ -31,22 +31,46 @@ def compaction_arguments(kafka_secure, app_id: str, password: str | None = None,
     """`snapshots compact` for the secured broker: the same principal for the job's librdkafka clients and for
     Spark's Kafka source, whose Java client takes a JAAS line and a PEM truststore."""
     password = kafka_secure.passwords["compaction"] if password is None else password
-    librdkafka = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "compaction",
-                  "sasl.password": password, "ssl.ca.location": kafka_secure.ca_location}
-    java = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-            "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-                                f'username="compaction" password="{password}";',
-            "ssl.truststore.type": "PEM", "ssl.truststore.location": kafka_secure.ca_location}
-    return ["compact", "--bootstrap-servers", kafka_secure.bootstrap, "--app-id", app_id, "--timeout", str(timeout_s),
-            "--master", "local[2]", *(f"--kafka={k}={v}" for k, v in librdkafka.items()),
-            *(f"--spark-kafka={k}={v}" for k, v in java.items())]
+    librdkafka = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "compaction",
+        "sasl.password": password,
+        "ssl.ca.location": kafka_secure.ca_location,
+    }
+    java = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="compaction" password="{password}";',
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": kafka_secure.ca_location,
+    }
+    return [
+        "compact",
+        "--bootstrap-servers",
+        kafka_secure.bootstrap,
+        "--app-id",
+        app_id,
+        "--timeout",
+        str(timeout_s),
+        "--master",
+        "local[2]",
+        *(f"--kafka={k}={v}" for k, v in librdkafka.items()),
+        *(f"--spark-kafka={k}={v}" for k, v in java.items()),
+    ]
 
 
 def compact(arguments: list[str]) -> subprocess.CompletedProcess[str]:
     """The job as operators run it: its own process (Spark, the JVM and everything they print included)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return subprocess.run([sys.executable, "-m", "snapshots.cli", *arguments], env=env, capture_output=True,
-                          text=True, timeout=COMPACT_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "snapshots.cli", *arguments],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COMPACT_TIMEOUT_S,
+    )
 
 
 def test_compaction_job_and_pipeline_under_their_own_principals(kafka_secure, secure_run, grants) -> None:
@@ -78,8 +102,9 @@ def test_compaction_job_and_pipeline_under_their_own_principals(kafka_secure, se
 
 
 @pytest.mark.parametrize("index", range(len(TEMPLATE)), ids=[acl.key for acl in TEMPLATE])
-def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(index: int, kafka_secure, secure_run,
-                                                                     grants) -> None:
+def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(
+    index: int, kafka_secure, secure_run, grants
+) -> None:
     """The failed run must publish nothing (the pipeline's next restore finds no snapshot) and delete nothing (the
     changelog still starts at 0); what it leaves is then what the run with every ACL above started from."""
     run = secure_run()
@@ -104,5 +129,6 @@ def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(index: int,
     run.feed(totals_records(100, seed=100 + index), seconds=1)
     run.start(1)
     assert_exactly_once(run.finish())
-    assert len(re.findall(r"restored: \d+ keys from 0 snapshot entries \(no snapshot\)", log_text(run))) \
-        == 2 * PARTITIONS, log_text(run)
+    assert (
+        len(re.findall(r"restored: \d+ keys from 0 snapshot entries \(no snapshot\)", log_text(run))) == 2 * PARTITIONS
+    ), log_text(run)

@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.acls import Acl, Names, pipeline_acls
-from pipeline.testing import chaos, inputs
-from pipeline.testing.chaos import FaultRun
+from pipeline.testing import faults, inputs
 from pipeline.testing.drain import drain_topic
+from pipeline.testing.faults import FaultRun
 from pipeline.testing.harness import committed_offsets
 from tests.faults.conftest import assert_exactly_once
 from tests.security.conftest import PARTITIONS, PIPELINE, names_of, totals_records
@@ -36,7 +36,7 @@ def test_pipeline_is_exactly_once_with_exactly_its_acls(secure_run, grants) -> N
     rng = random.Random(12)
     for pause_s, fault in ((1.5, "sigkill"), (2.0, "sigkill"), (1.0, "zombie")):  # zombie: SIGSTOP 8 s (> session)
         time.sleep(pause_s)
-        chaos.FAULTS[fault].inject(fleet, rng)
+        faults.FAULTS[fault].inject(fleet, rng)
 
     outcome = run.finish()
 
@@ -49,8 +49,13 @@ def test_without_one_acl_the_start_fails_naming_it_and_commits_nothing(index: in
     run = secure_run(processing_backoff_ms=5)  # poison records: the dead-letter topic is written too
     needed = pipeline_acls(names_of(run))
     missing = needed[index]
-    inputs.produce(run.bootstrap, run.input_topic, totals_records(RECORDS, seed=index, poison_every=POISON_EVERY),
-                   partitions=PARTITIONS, extra_config=run.client_config)
+    inputs.produce(
+        run.bootstrap,
+        run.input_topic,
+        totals_records(RECORDS, seed=index, poison_every=POISON_EVERY),
+        partitions=PARTITIONS,
+        extra_config=run.client_config,
+    )
     grants.grant(PIPELINE, [acl for acl in needed if acl is not missing])
 
     instance = run.start(1).instances[-1]
@@ -84,6 +89,7 @@ def assert_nothing_committed(run: FaultRun) -> None:
     for topic in (run.output_topic, f"{run.app_id}-dlq", f"{run.app_id}-changelog"):
         dump = drain_topic(admin, {"bootstrap.servers": run.bootstrap, **run.client_config}, topic, 20)
         assert dump.records == [], f"{topic}: {len(dump.records)} records committed by a start that failed"
-    offsets = committed_offsets(run.bootstrap, run.app_id, run.input_topic, list(range(PARTITIONS)), 20,
-                                run.client_config)
+    offsets = committed_offsets(
+        run.bootstrap, run.app_id, run.input_topic, list(range(PARTITIONS)), 20, run.client_config
+    )
     assert all(offset < 0 for offset in offsets.values()), f"group offsets committed: {offsets}"

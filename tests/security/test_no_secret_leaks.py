@@ -116,22 +116,52 @@ def failing_start(run) -> str:
 def encrypted_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """A client key whose password is not the sentinel given for it."""
     directory = tmp_path_factory.mktemp("client-key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=client",
-                    "-keyout", str(directory / "client.key"), "-out", str(directory / "client.pem"),
-                    "-passout", "pass:not-the-sentinel"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=client",
+            "-keyout",
+            str(directory / "client.key"),
+            "-out",
+            str(directory / "client.pem"),
+            "-passout",
+            "pass:not-the-sentinel",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(directory / "client.key"), str(directory / "client.pem")
 
 
 @pytest.mark.parametrize("case", ["wrong-password", "key-password", "jaas"])
-def test_a_failing_start_names_the_setting_and_shows_no_secret(case: str, kafka_secure, secure_run, grants,
-                                                              encrypted_key: tuple[str, str]) -> None:
+def test_a_failing_start_names_the_setting_and_shows_no_secret(
+    case: str, kafka_secure, secure_run, grants, encrypted_key: tuple[str, str]
+) -> None:
     secret = f"{SENTINEL}-{case}"
     overrides, expected = {
         "wrong-password": ({"sasl.password": secret}, "PIPELINE_KAFKA_SASL_PASSWORD"),
-        "key-password": ({"ssl.key.location": encrypted_key[0], "ssl.certificate.location": encrypted_key[1],
-                          "ssl.key.password": secret}, "PIPELINE_KAFKA_SSL_KEY_PASSWORD"),
-        "jaas": ({"sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-                                      f'username="pipeline" password="{secret}";'}, "PIPELINE_KAFKA_SASL_JAAS_CONFIG"),
+        "key-password": (
+            {
+                "ssl.key.location": encrypted_key[0],
+                "ssl.certificate.location": encrypted_key[1],
+                "ssl.key.password": secret,
+            },
+            "PIPELINE_KAFKA_SSL_KEY_PASSWORD",
+        ),
+        "jaas": (
+            {
+                "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="pipeline" password="{secret}";'
+            },
+            "PIPELINE_KAFKA_SASL_JAAS_CONFIG",
+        ),
     }[case]
     run = secure_run(log_level="debug", service=service_config(kafka_secure, **overrides), kafka_debug=LIBRDKAFKA_DEBUG)
     grants.grant(PIPELINE, pipeline_acls(names_of(run)))
@@ -157,10 +187,13 @@ def test_a_wrong_dsn_password_shows_neither_it_nor_the_kafka_ones(kafka_secure, 
 
 def test_settings_printed_logged_or_raised_show_no_secret(kafka_secure, caplog: pytest.LogCaptureFixture) -> None:
     dsn = f"postgresql://pipeline:{SENTINEL}-dsn@127.0.0.1:1/db"
-    env = {"PIPELINE_POSTGRES_DSN": dsn, "PIPELINE_KAFKA_SASL_PASSWORD": kafka_secure.passwords["pipeline"],
-           "PIPELINE_KAFKA_SSL_KEY_PASSWORD": f"{SENTINEL}-key",
-           "PIPELINE_KAFKA_SASL_JAAS_CONFIG": f'x required password="{SENTINEL}-jaas";',
-           "PIPELINE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": f"{SENTINEL}-oauth"}
+    env = {
+        "PIPELINE_POSTGRES_DSN": dsn,
+        "PIPELINE_KAFKA_SASL_PASSWORD": kafka_secure.passwords["pipeline"],
+        "PIPELINE_KAFKA_SSL_KEY_PASSWORD": f"{SENTINEL}-key",
+        "PIPELINE_KAFKA_SASL_JAAS_CONFIG": f'x required password="{SENTINEL}-jaas";',
+        "PIPELINE_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET": f"{SENTINEL}-oauth",
+    }
     settings = settings_module.load(env=env)
     caplog.set_level("DEBUG")
     logging.getLogger("pipeline").debug("settings %s %r; kafka %s", settings, settings, settings.kafka)
@@ -169,5 +202,12 @@ def test_settings_printed_logged_or_raised_show_no_secret(kafka_secure, caplog: 
 
     assert settings.kafka["sasl.password"] == kafka_secure.passwords["pipeline"]  # the clients get the real value
     secrets = needles(kafka_secure, f"{SENTINEL}-dsn", f"{SENTINEL}-key", f"{SENTINEL}-jaas", f"{SENTINEL}-oauth")
-    assert_nothing_shows(secrets, repr=repr(settings), str=str(settings), asdict=repr(dataclasses.asdict(settings)),
-                         redacted=str(settings.redacted_kafka()), log=caplog.text, error=str(bad.value))
+    assert_nothing_shows(
+        secrets,
+        repr=repr(settings),
+        str=str(settings),
+        asdict=repr(dataclasses.asdict(settings)),
+        redacted=str(settings.redacted_kafka()),
+        log=caplog.text,
+        error=str(bad.value),
+    )

@@ -26,16 +26,34 @@ UNTRUSTED = "PIPELINE_KAFKA_SSL_CA_LOCATION: the broker's certificate is not tru
 def other_ca(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A CA that did not sign the broker's certificate."""
     directory = tmp_path_factory.mktemp("other-ca")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=other",
-                    "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.pem")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+            "-keyout",
+            str(directory / "ca.key"),
+            "-out",
+            str(directory / "ca.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(directory / "ca.pem")
 
 
 @pytest.mark.parametrize("sink", ["kafka", "postgres"])
 @pytest.mark.parametrize("case", ["wrong-password", "unknown-user", "untrusted-ca"])
-def test_bad_credentials_fail_at_start_naming_the_setting(case: str, sink: str, kafka_secure, secure_run,
-                                                          other_ca: str) -> None:
+def test_bad_credentials_fail_at_start_naming_the_setting(
+    case: str, sink: str, kafka_secure, secure_run, other_ca: str
+) -> None:
     overrides, expected = {
         "wrong-password": ({"sasl.password": WRONG_PASSWORD}, AUTHENTICATION),
         "unknown-user": ({"sasl.username": "nobody"}, AUTHENTICATION),
@@ -61,8 +79,9 @@ def test_bad_credentials_fail_at_start_naming_the_setting(case: str, sink: str, 
 
 
 def _settings(kafka_secure, **overrides: str) -> settings_module.Settings:
-    return settings_module.load(env={}, bootstrap_servers=kafka_secure.bootstrap,
-                                kafka=service_config(kafka_secure, **overrides))
+    return settings_module.load(
+        env={}, bootstrap_servers=kafka_secure.bootstrap, kafka=service_config(kafka_secure, **overrides)
+    )
 
 
 def test_connect_check_passes_good_credentials_and_names_bad_ones(kafka_secure, other_ca: str) -> None:
@@ -77,8 +96,11 @@ def test_connect_check_passes_good_credentials_and_names_bad_ones(kafka_secure, 
 
 def test_a_plaintext_client_on_the_secured_port_is_a_bounded_metadata_failure(kafka_secure) -> None:
     plaintext = settings_module.load(env={}, bootstrap_servers=kafka_secure.bootstrap)
-    with pytest.raises(ConfigError, match=r"BOOTSTRAP_SERVERS: no cluster metadata within 2s .*"
-                                          r"PIPELINE_KAFKA_SECURITY_PROTOCOL"):
+    with pytest.raises(
+        ConfigError,
+        match=r"BOOTSTRAP_SERVERS: no cluster metadata within 2s .*"
+        r"PIPELINE_KAFKA_SECURITY_PROTOCOL",
+    ):
         connect_check(plaintext, timeout_s=2)
 
 

@@ -43,8 +43,9 @@ class Changelog:
     records: dict[int, int] = field(default_factory=dict)  # committed data records (changes + checkpoints)
 
     def __post_init__(self) -> None:
-        self.producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.app_id}.writer",
-                                  "linger.ms": 5})
+        self.producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "transactional.id": f"{self.app_id}.writer", "linger.ms": 5}
+        )
         self.producer.init_transactions(30)
         for p in range(self.partitions):
             self.folds.setdefault(p, {})
@@ -65,8 +66,7 @@ class Changelog:
             self.producer.produce(self.topic, value, key.encode(), partition=p)
         next_input = self.next_input[p] + max(1, len(changes))
         checkpoint = Checkpoint(INPUT, p, next_input)
-        self.producer.produce(self.topic, checkpoint.encode(), CHECKPOINT_KEY, partition=p,
-                              headers=[CHECKPOINT_HEADER])
+        self.producer.produce(self.topic, checkpoint.encode(), CHECKPOINT_KEY, partition=p, headers=[CHECKPOINT_HEADER])
         if not commit:
             self.producer.flush(30)  # the aborted records really reach the log
             self.producer.abort_transaction(30)
@@ -81,8 +81,16 @@ class Changelog:
             else:
                 fold[key] = value
 
-    def random_history(self, rng: random.Random, transactions: int, keys: int, size: int = 20,
-                       delete_ratio: float = 0.2, abort_ratio: float = 0.1, only: list[int] | None = None) -> None:
+    def random_history(
+        self,
+        rng: random.Random,
+        transactions: int,
+        keys: int,
+        size: int = 20,
+        delete_ratio: float = 0.2,
+        abort_ratio: float = 0.1,
+        only: list[int] | None = None,
+    ) -> None:
         for _ in range(transactions):
             p = rng.choice(only) if only else rng.randrange(self.partitions)
             changes: dict[str, bytes | None] = {}
@@ -96,8 +104,10 @@ class Changelog:
 
 
 def create_app_topics(admin: AdminClient, app_id: str, partitions: int) -> None:
-    topics = [NewTopic(f"{app_id}-changelog", partitions, 1, config=CHANGELOG_CONFIG),
-              NewTopic(f"{app_id}-snapshots", partitions, 1, config=SNAPSHOT_CONFIG)]
+    topics = [
+        NewTopic(f"{app_id}-changelog", partitions, 1, config=CHANGELOG_CONFIG),
+        NewTopic(f"{app_id}-snapshots", partitions, 1, config=SNAPSHOT_CONFIG),
+    ]
     for future in admin.create_topics(topics).values():
         future.result(30)
 
@@ -112,18 +122,33 @@ def options(log: Changelog, **overrides) -> Options:
     return Options(log.bootstrap, log.app_id, timeout_s=30, **overrides)
 
 
-def restore_job(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
-                ) -> ChangelogRestore:
+def restore_job(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60) -> ChangelogRestore:
     """A restore of partition p as the runner creates it (its consumer configuration included)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def consumer() -> Consumer:
-        return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app_id}.restore",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "error", "fetch.wait.max.ms": 10})
+        return Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"{app_id}.restore",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",
+                "fetch.wait.max.ms": 10,
+            }
+        )
 
-    return ChangelogRestore(consumer, admin, f"{app_id}-changelog", p, PartitionState(), committed, timeout_s, 10,
-                            snapshot_topic=f"{app_id}-snapshots")
+    return ChangelogRestore(
+        consumer,
+        admin,
+        f"{app_id}-changelog",
+        p,
+        PartitionState(),
+        committed,
+        timeout_s,
+        10,
+        snapshot_topic=f"{app_id}-snapshots",
+    )
 
 
 def run_to_end(job: ChangelogRestore, timeout_s: float = 60) -> dict[str, bytes]:
@@ -134,8 +159,9 @@ def run_to_end(job: ChangelogRestore, timeout_s: float = 60) -> dict[str, bytes]
     return dict(job.state.encoded_items())
 
 
-def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
-            ) -> tuple[dict[str, bytes], ChangelogRestore]:
+def restore(
+    bootstrap: str, app_id: str, p: int, committed: int | None, timeout_s: float = 60
+) -> tuple[dict[str, bytes], ChangelogRestore]:
     """Restores partition p like the runner does and returns the encoded state."""
     job = restore_job(bootstrap, app_id, p, committed, timeout_s)
     try:
@@ -144,16 +170,26 @@ def restore(bootstrap: str, app_id: str, p: int, committed: int | None, timeout_
         job.close()
 
 
-def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, changelog_offset: int,
-                     input_offset: int | None, generation: int, damage: str | None = None,
-                     chunk_bytes: int = 2_000) -> tuple[Manifest, int]:
+def publish_snapshot(
+    log: Changelog,
+    p: int,
+    entries: dict[str, bytes],
+    *,
+    changelog_offset: int,
+    input_offset: int | None,
+    generation: int,
+    damage: str | None = None,
+    chunk_bytes: int = 2_000,
+) -> tuple[Manifest, int]:
     """Writes a snapshot of p by hand, like the job does (chunks, then the manifest in a transaction), optionally
     damaged: "flip" garbles a byte of chunk 1, "drop" leaves chunk 1 out, "checksum" and "count" publish a manifest
     whose checksum or entry count disagrees with good chunks, "no-manifest" aborts the manifest's transaction, "half"
     writes only the first chunks and no manifest. Returns the manifest and its offset (or -1)."""
     sid = snapshot_id(log.app_id, p, f"hand-{generation}", 0, changelog_offset)
-    chunks = [encode_chunk(sid, i, keys, values)
-              for i, (keys, values) in enumerate(split_chunks(sorted(entries.items()), chunk_bytes))]
+    chunks = [
+        encode_chunk(sid, i, keys, values)
+        for i, (keys, values) in enumerate(split_chunks(sorted(entries.items()), chunk_bytes))
+    ]
     assert damage is None or len(chunks) >= 3, "damage needs at least 3 chunks"
     offsets: list[int] = []
     plain = Producer({"bootstrap.servers": log.bootstrap, "enable.idempotence": True})
@@ -162,20 +198,43 @@ def publish_snapshot(log: Changelog, p: int, entries: dict[str, bytes], *, chang
             continue
         if damage == "flip" and i == 1:
             payload = payload[:-1] + bytes([payload[-1] ^ 0xFF])
-        plain.produce(log.snapshots, payload, chunk_key(sid, i), partition=p, headers=[CHUNK_HEADER],
-                      on_delivery=lambda err, msg: offsets.append(msg.offset()))
+        plain.produce(
+            log.snapshots,
+            payload,
+            chunk_key(sid, i),
+            partition=p,
+            headers=[CHUNK_HEADER],
+            on_delivery=lambda err, msg: offsets.append(msg.offset()),
+        )
     assert plain.flush(30) == 0
-    manifest = Manifest(sid, generation, p, log.topic, changelog_offset, input_offset, len(chunks),
-                        len(entries) + (damage == "count"), sum(len(c) for c, _ in chunks),
-                        manifest_checksum([crc for _, crc in chunks]) ^ (damage == "checksum"), min(offsets), now_iso())
+    manifest = Manifest(
+        sid,
+        generation,
+        p,
+        log.topic,
+        changelog_offset,
+        input_offset,
+        len(chunks),
+        len(entries) + (damage == "count"),
+        sum(len(c) for c, _ in chunks),
+        manifest_checksum([crc for _, crc in chunks]) ^ (damage == "checksum"),
+        min(offsets),
+        now_iso(),
+    )
     if damage == "half":
         return manifest, -1
     publisher = Producer({"bootstrap.servers": log.bootstrap, "transactional.id": f"{log.app_id}.hand"})
     publisher.init_transactions(30)
     publisher.begin_transaction()
     where: list[int] = []
-    publisher.produce(log.snapshots, manifest.encode(), sid.encode(), partition=p, headers=[MANIFEST_HEADER],
-                      on_delivery=lambda err, msg: where.append(msg.offset()))
+    publisher.produce(
+        log.snapshots,
+        manifest.encode(),
+        sid.encode(),
+        partition=p,
+        headers=[MANIFEST_HEADER],
+        on_delivery=lambda err, msg: where.append(msg.offset()),
+    )
     publisher.flush(30)
     if damage == "no-manifest":
         publisher.abort_transaction(30)

@@ -39,8 +39,16 @@ def manifests(log: Changelog, p: int) -> list[Manifest]:
         return (lso,) if lso == high_watermarks(admin, log.snapshots, [p], 10)[p] else None
 
     (end,) = eventually(settled, 10)
-    consumer = CheckedConsumer(Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t",
-                                         "isolation.level": "read_committed", "auto.offset.reset": "error"}))
+    consumer = CheckedConsumer(
+        Consumer(
+            {
+                "bootstrap.servers": log.bootstrap,
+                "group.id": "t",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "error",
+            }
+        )
+    )
     try:
         return [m for _, m in scan_all(consumer, log.snapshots, p, low, end, 30).candidates]
     finally:
@@ -83,8 +91,7 @@ def test_round_trip_random_states_with_deletes(spark, kafka_admin, kafka_bootstr
     assert_restores_to_the_fold(log, tail_records={p: log.records[p] - before[p] for p in range(PARTITIONS)})
 
 
-def test_damaged_base_is_skipped_and_the_next_generation_built_on_the_previous_one(spark, kafka_admin,
-                                                                                   kafka_bootstrap):
+def test_damaged_base_is_skipped_and_the_next_generation_built_on_the_previous_one(spark, kafka_admin, kafka_bootstrap):
     log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="damagedbase")
     rng = random.Random(5)
     log.random_history(rng, 30, KEYS)
@@ -92,8 +99,9 @@ def test_damaged_base_is_skipped_and_the_next_generation_built_on_the_previous_o
     gen1 = manifests(log, 0)[0]
     log.random_history(rng, 20, KEYS)
     end = end_offsets(log.bootstrap, log.topic, 1)[0]
-    broken, _ = publish_snapshot(log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0),
-                                 generation=2, damage="flip")
+    broken, _ = publish_snapshot(
+        log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0), generation=2, damage="flip"
+    )
     log.random_history(rng, 10, KEYS)
 
     report = compact(spark, options(log))
@@ -156,8 +164,9 @@ def test_a_run_that_finds_a_newer_manifest_after_fencing_skips(spark, kafka_admi
     assert len(manifests(log, 0)) == 1
 
 
-def test_retention_keeps_two_complete_generations_and_the_changelog_since_the_older(spark, kafka_admin,
-                                                                                    kafka_bootstrap):
+def test_retention_keeps_two_complete_generations_and_the_changelog_since_the_older(
+    spark, kafka_admin, kafka_bootstrap
+):
     """After generation g is published on base g-1, everything below g-1 goes; g-1 stays complete, and so does the
     changelog since it: a restore could still fall back from g to g-1."""
     log = new_app(kafka_admin, kafka_bootstrap, 1, prefix="retention")
@@ -187,12 +196,22 @@ def load_generation(log: Changelog, manifest: Manifest) -> dict[str, bytes]:
 
     from pipeline.state.snapshot_finder import ChunkLoad
 
-    consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
-                         "auto.offset.reset": "error"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": log.bootstrap,
+            "group.id": "t",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+        }
+    )
     low = low_watermarks(AdminClient({"bootstrap.servers": log.bootstrap}), log.snapshots, [0], 10)[0]
-    offset = next(o for o, m in scan_all(CheckedConsumer(consumer), log.snapshots, 0, low,
-                                         end_offsets(log.bootstrap, log.snapshots, 1)[0], 30).candidates
-                  if m.snapshot_id == manifest.snapshot_id)
+    offset = next(
+        o
+        for o, m in scan_all(
+            CheckedConsumer(consumer), log.snapshots, 0, low, end_offsets(log.bootstrap, log.snapshots, 1)[0], 30
+        ).candidates
+        if m.snapshot_id == manifest.snapshot_id
+    )
     try:
         load = ChunkLoad(CheckedConsumer(consumer), log.snapshots, 0, offset, manifest)
         while not load.done:
@@ -208,8 +227,14 @@ def fold_tail(log: Changelog, start: int, state: dict[str, bytes]) -> None:
     from pipeline.kafka.offsets import TailReader, read_to_end
     from pipeline.state.changelog import is_checkpoint
 
-    consumer = Consumer({"bootstrap.servers": log.bootstrap, "group.id": "t", "isolation.level": "read_committed",
-                         "auto.offset.reset": "error"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": log.bootstrap,
+            "group.id": "t",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+        }
+    )
     try:
         end = end_offsets(log.bootstrap, log.topic, 1)[0]
         for m in read_to_end(TailReader(consumer, log.topic, {0: start}, {0: end}), 30):
@@ -236,11 +261,16 @@ def test_the_command_prints_what_it_read_wrote_and_skipped(spark, kafka_admin, k
 
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"p0: published \w+ \(generation 1\): read 0 entries of no previous snapshot and "
-                     rf"{log.records[0]} changelog records \[0, \d+\); wrote 1 chunks, {len(log.folds[0])} entries",
-                     out)
-    assert re.search(rf"p1: published \w+ \(generation 1\): .* {log.records[1]} changelog records .*wrote 0 chunks, "
-                     r"0 entries", out)
+    assert re.search(
+        rf"p0: published \w+ \(generation 1\): read 0 entries of no previous snapshot and "
+        rf"{log.records[0]} changelog records \[0, \d+\); wrote 1 chunks, {len(log.folds[0])} entries",
+        out,
+    )
+    assert re.search(
+        rf"p1: published \w+ \(generation 1\): .* {log.records[1]} changelog records .*wrote 0 chunks, "
+        r"0 entries",
+        out,
+    )
     assert "p2: skipped: no new changelog records" in out
     assert "compaction: 2 published, 0 failed, 1 skipped" in out
     assert_restores_to_the_fold(log, tail_records={0: 0, 1: 0})  # p1: the empty state from a chunk-less snapshot
@@ -249,5 +279,6 @@ def test_the_command_prints_what_it_read_wrote_and_skipped(spark, kafka_admin, k
     tp = TopicPartition(log.topic, 2, 1)  # p2 loses a change no snapshot covers: compaction, like restore, refuses
     kafka_admin.delete_records([tp], request_timeout=10)[tp].result(10)
     assert main(args) == 1
-    assert re.search(r"p2: failed: .*-changelog\[2\] starts at offset 1 but there is no usable snapshot",
-                     capsys.readouterr().out)
+    assert re.search(
+        r"p2: failed: .*-changelog\[2\] starts at offset 1 but there is no usable snapshot", capsys.readouterr().out
+    )

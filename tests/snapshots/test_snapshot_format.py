@@ -24,8 +24,10 @@ SID = snapshot_id("app", 0, None, 0, 100)
 def random_entries(n: int, seed: int = 0) -> dict[str, bytes]:
     rng = random.Random(seed)
     alphabet = "abcxyzé日\U0001f600_-"
-    return {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) + str(i): rng.randbytes(rng.randint(0, 50))
-            for i in range(n)}
+    return {
+        "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) + str(i): rng.randbytes(rng.randint(0, 50))
+        for i in range(n)
+    }
 
 
 def test_chunks_round_trip_any_keys_and_values_including_empty_ones():
@@ -84,5 +86,15 @@ def test_manifest_round_trip_and_garbage():
 
 def test_snapshot_ids_are_deterministic_in_their_inputs():
     assert snapshot_id("a", 0, "b", 1, 2) == snapshot_id("a", 0, "b", 1, 2)
-    assert len({snapshot_id("a", 0, "b", 1, 2), snapshot_id("a", 1, "b", 1, 2), snapshot_id("a", 0, None, 1, 2),
-                snapshot_id("a", 0, "b", 1, 3), snapshot_id("x", 0, "b", 1, 2)}) == 5
+    assert (
+        len(
+            {
+                snapshot_id("a", 0, "b", 1, 2),
+                snapshot_id("a", 1, "b", 1, 2),
+                snapshot_id("a", 0, None, 1, 2),
+                snapshot_id("a", 0, "b", 1, 3),
+                snapshot_id("x", 0, "b", 1, 2),
+            }
+        )
+        == 5
+    )

@@ -41,19 +41,26 @@ def test_pipeline_runs_during_compaction_then_restores_from_the_snapshot(spark, 
     app = totals.with_topics(f"snap-in-{suffix}", f"snap-out-{suffix}")
     app_id = f"snap-pipeline-{suffix}"
     inputs.create_topics(kafka_bootstrap, {app.input_topic: PARTITIONS, app.output_topic: PARTITIONS})
-    env = {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": app.input_topic,
-           "PIPELINE_OUTPUT_TOPIC": app.output_topic}
+    env = {
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": app.input_topic,
+        "PIPELINE_OUTPUT_TOPIC": app.output_topic,
+    }
     fleet = Fleet("pipeline.examples.running_totals:app", kafka_bootstrap, env, tmp_path)
     changelog = f"{app_id}-changelog"
     try:
-        inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 8_000, partitions=PARTITIONS,
-                                      accounts=ACCOUNTS, seed=1)
+        inputs.produce_running_totals(
+            kafka_bootstrap, app.input_topic, 8_000, partitions=PARTITIONS, accounts=ACCOUNTS, seed=1
+        )
         first = fleet.start(1)[0]
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, PARTITIONS, 120), fleet.logs()
 
         # More input arrives and is processed while Spark compacts.
-        feeder = threading.Thread(target=inputs.produce_running_totals, args=(kafka_bootstrap, app.input_topic, 8_000),
-                                  kwargs={"partitions": PARTITIONS, "accounts": ACCOUNTS, "seed": 2})
+        feeder = threading.Thread(
+            target=inputs.produce_running_totals,
+            args=(kafka_bootstrap, app.input_topic, 8_000),
+            kwargs={"partitions": PARTITIONS, "accounts": ACCOUNTS, "seed": 2},
+        )
         feeder.start()
         report = compact(spark, Options(kafka_bootstrap, app_id, timeout_s=30))
         feeder.join()
@@ -62,8 +69,9 @@ def test_pipeline_runs_during_compaction_then_restores_from_the_snapshot(spark, 
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, PARTITIONS, 120), fleet.logs()
         covered = {p: report.partitions[p] for p in range(PARTITIONS)}
 
-        inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 1_000, partitions=PARTITIONS,
-                                      accounts=ACCOUNTS, seed=3)
+        inputs.produce_running_totals(
+            kafka_bootstrap, app.input_topic, 1_000, partitions=PARTITIONS, accounts=ACCOUNTS, seed=3
+        )
         first.kill()  # SIGKILL, whatever it was doing
         ends = end_offsets(kafka_bootstrap, changelog, PARTITIONS)
 
@@ -71,8 +79,13 @@ def test_pipeline_runs_during_compaction_then_restores_from_the_snapshot(spark, 
         fleet.start(1, PIPELINE_METRICS_PORT=str(port))
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, PARTITIONS, 120), fleet.logs()
         for p in range(PARTITIONS):
-            entries = eventually(lambda p=p: metric(port, "pipeline_restore_snapshot_entries_total", p) > 0 and
-                                 metric(port, "pipeline_restore_snapshot_entries_total", p), timeout_s=30)
+            entries = eventually(
+                lambda p=p: (
+                    metric(port, "pipeline_restore_snapshot_entries_total", p) > 0
+                    and metric(port, "pipeline_restore_snapshot_entries_total", p)
+                ),
+                timeout_s=30,
+            )
             read = metric(port, "pipeline_restore_records_total", p)
             assert entries == covered[p].entries
             tail = ends[p] - covered[p].changelog_range[1]  # the changelog after the snapshot, markers included
@@ -82,6 +95,7 @@ def test_pipeline_runs_during_compaction_then_restores_from_the_snapshot(spark, 
     finally:
         fleet.stop_all()
 
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=changelog,
-                             group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=changelog, group_id=app_id
+    )
     assert verdict.ok, verdict.summary()

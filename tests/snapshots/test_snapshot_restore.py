@@ -29,8 +29,15 @@ def history(kafka_admin, kafka_bootstrap) -> Changelog:
 def snapshot_now(log: Changelog, generation: int, damage: str | None = None):
     """A snapshot of partition 0 covering the changelog so far."""
     end = end_offsets(log.bootstrap, log.topic, 1)[0]
-    return publish_snapshot(log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0),
-                            generation=generation, damage=damage)
+    return publish_snapshot(
+        log,
+        0,
+        dict(log.folds[0]),
+        changelog_offset=end,
+        input_offset=log.committed(0),
+        generation=generation,
+        damage=damage,
+    )
 
 
 def changes_since(log: Changelog, records_before: int) -> int:
@@ -108,8 +115,11 @@ def test_changelog_truncated_past_the_snapshot_refuses(history, kafka_bootstrap,
     log.random_history(random.Random(8), 20, KEYS)
     delete_changelog_below(log, gen1.changelog_offset + 5, kafka_admin)
 
-    with pytest.raises(RestoreError, match=rf"starts at offset {gen1.changelog_offset + 5}, but the newest usable "
-                                           rf"full snapshot {gen1.snapshot_id} .* only below {gen1.changelog_offset}"):
+    with pytest.raises(
+        RestoreError,
+        match=rf"starts at offset {gen1.changelog_offset + 5}, but the newest usable "
+        rf"full snapshot {gen1.snapshot_id} .* only below {gen1.changelog_offset}",
+    ):
         restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
 
 
@@ -117,8 +127,11 @@ def test_truncated_changelog_with_only_a_damaged_snapshot_refuses_and_says_why(h
     log = history
     gen1, _ = snapshot_now(log, 1, damage="flip")
     delete_changelog_below(log, 10, kafka_admin)
-    with pytest.raises(RestoreError, match=rf"starts at offset 10, not 0.*no usable full snapshot.*"
-                                           rf"{gen1.snapshot_id}.*CRC-32 mismatch"):
+    with pytest.raises(
+        RestoreError,
+        match=rf"starts at offset 10, not 0.*no usable full snapshot.*"
+        rf"{gen1.snapshot_id}.*CRC-32 mismatch",
+    ):
         restore(kafka_bootstrap, log.app_id, 0, log.committed(0))
 
 
@@ -134,8 +147,11 @@ def test_changelog_truncated_up_to_the_snapshot_is_fine(history, kafka_bootstrap
 def test_snapshot_whose_checkpoint_disagrees_with_the_group_refuses(history, kafka_bootstrap):
     log = history
     snapshot_now(log, 1)
-    with pytest.raises(RestoreError, match=rf"covers input offset {log.committed(0)} but the group's committed "
-                                           r"offset is 3"):
+    with pytest.raises(
+        RestoreError,
+        match=rf"covers input offset {log.committed(0)} but the group's committed "
+        r"offset is 3",
+    ):
         restore(kafka_bootstrap, log.app_id, 0, 3)
 
 
@@ -147,10 +163,19 @@ def test_markers_and_aborted_transactions_at_the_ends_do_not_confuse_the_latest(
     rng = random.Random(3)
     log.random_history(rng, 30, KEYS, abort_ratio=0.0, only=[0, 1])
     end = end_offsets(log.bootstrap, log.topic, 3)[0]
-    newest, _ = publish_snapshot(log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0),
-                                 generation=1)
-    publish_snapshot(log, 0, {"bogus": b"1", "more": b"2", "x": b"3", "y": b"4"}, changelog_offset=end,
-                     input_offset=log.committed(0), generation=2, damage="no-manifest", chunk_bytes=20)
+    newest, _ = publish_snapshot(
+        log, 0, dict(log.folds[0]), changelog_offset=end, input_offset=log.committed(0), generation=1
+    )
+    publish_snapshot(
+        log,
+        0,
+        {"bogus": b"1", "more": b"2", "x": b"3", "y": b"4"},
+        changelog_offset=end,
+        input_offset=log.committed(0),
+        generation=2,
+        damage="no-manifest",
+        chunk_bytes=20,
+    )
     zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{log.app_id}.zombie"})
     zombie.init_transactions(30)
     for _ in range(4):
@@ -164,8 +189,13 @@ def test_markers_and_aborted_transactions_at_the_ends_do_not_confuse_the_latest(
     zombie.commit_transaction(30)
     # A publish in flight (a compaction that crashed mid-transaction): its open transaction keeps the last stable
     # offset below the high watermark. Restore reads below it and does not wait for the transaction to time out.
-    crashed = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{log.app_id}.crashed",
-                        "transaction.timeout.ms": 60_000})
+    crashed = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "transactional.id": f"{log.app_id}.crashed",
+            "transaction.timeout.ms": 60_000,
+        }
+    )
     crashed.init_transactions(30)
     crashed.begin_transaction()
     crashed.produce(log.snapshots, b"in flight", partition=0)

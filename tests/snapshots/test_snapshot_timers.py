@@ -33,9 +33,12 @@ def test_timers_and_ttl_survive_restore_and_compaction_and_fire_once_after_it(sp
     app = timed.with_topics(f"timed-in-{suffix}", f"timed-out-{suffix}")
     app_id = f"timed-{suffix}"
     inputs.create_topics(kafka_bootstrap, {app.input_topic: PARTITIONS, app.output_topic: PARTITIONS})
-    fleet = Fleet("tests.snapshots.timed_app:app", kafka_bootstrap, {
-        "PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": app.input_topic,
-        "PIPELINE_OUTPUT_TOPIC": app.output_topic}, tmp_path)
+    fleet = Fleet(
+        "tests.snapshots.timed_app:app",
+        kafka_bootstrap,
+        {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": app.input_topic, "PIPELINE_OUTPUT_TOPIC": app.output_topic},
+        tmp_path,
+    )
     # Phase 1: the early accounts once, then 3,000 records of 100 busy accounts moving stream time to T0 + 41 s.
     early = [record(i, key, T0 + i) for i, key in enumerate(EARLY)]
     busy = [record(1_000 + j, f"busy-{j % 100}", T0 + 11_000 + j * 10) for j in range(3_000)]
@@ -66,8 +69,9 @@ def test_timers_and_ttl_survive_restore_and_compaction_and_fire_once_after_it(sp
         fleet.stop_all()
     finally:
         fleet.stop_all()
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
+    )
     assert verdict.ok, verdict.summary()
     idle = [orjson.loads(out.value) for out in verdict.final_outputs if out.key.decode() in EARLY]
     assert len(idle) == 2 * len(EARLY) and idle.count({"idle": 1}) == len(EARLY)  # each: 1 record, 1 firing

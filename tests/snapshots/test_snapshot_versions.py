@@ -23,8 +23,11 @@ def test_v1_then_compaction_then_v2_migrates_and_continues_exactly_and_v1_refuse
     app = v2.with_topics(f"vers-in-{suffix}", f"vers-out-{suffix}")
     app_id = f"vers-{suffix}"
     inputs.create_topics(kafka_bootstrap, {app.input_topic: PARTITIONS, app.output_topic: PARTITIONS})
-    env = {"PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": app.input_topic,
-           "PIPELINE_OUTPUT_TOPIC": app.output_topic}
+    env = {
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": app.input_topic,
+        "PIPELINE_OUTPUT_TOPIC": app.output_topic,
+    }
     fleets = {v: Fleet(f"tests.snapshots.versioned_app:{v}", kafka_bootstrap, env, tmp_path / v) for v in ("v1", "v2")}
     try:
         inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 3_000, partitions=PARTITIONS, seed=1)
@@ -47,7 +50,8 @@ def test_v1_then_compaction_then_v2_migrates_and_continues_exactly_and_v1_refuse
     finally:
         for fleet in fleets.values():
             fleet.stop_all()
-    verdict = checker.verify(app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq",
-                             changelog_topic=f"{app_id}-changelog", group_id=app_id)
+    verdict = checker.verify(
+        app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
+    )
     assert verdict.ok, verdict.summary()
     assert verdict.outputs == 6_000

@@ -22,5 +22,11 @@ def on_timer(state: State, timer: Timer) -> Iterable[Output]:
     return (Output(key=timer.key, value={"idle": timer.payload}),)
 
 
-app = App(name="timed-ttl", input_topic="timed-input", output_topic="timed-output", process=process,
-          on_timer=on_timer, state_ttl_ms=TTL_MS)
+app = App(
+    name="timed-ttl",
+    input_topic="timed-input",
+    output_topic="timed-output",
+    process=process,
+    on_timer=on_timer,
+    state_ttl_ms=TTL_MS,
+)

@@ -14,8 +14,11 @@ from pipeline.app import App, Output, Record, State
 def process_v1(state: State, record: Record) -> Iterable[Output]:
     count, total = state.get(record.key, (0, 0))
     state[record.key] = (count + 1, total + record.value["amount"])
-    return (Output(key=record.key, value={"id": record.value["id"], "count": count + 1,
-                                          "sum": total + record.value["amount"]}),)
+    return (
+        Output(
+            key=record.key, value={"id": record.value["id"], "count": count + 1, "sum": total + record.value["amount"]}
+        ),
+    )
 
 
 def process_v2(state: State, record: Record) -> Iterable[Output]:

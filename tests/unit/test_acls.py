@@ -34,9 +34,11 @@ PG_EXAMPLE = Names("running-totals-pg", "totals-input", "")
 
 
 def documented_definition() -> list[str]:
-    return (kafka_acls_lines("User:running-totals", pipeline_acls(EXAMPLE))
-            + kafka_acls_lines("User:running-totals-compaction", compaction_acls(EXAMPLE))
-            + kafka_acls_lines("User:running-totals-pg", postgres_acls(PG_EXAMPLE)))
+    return (
+        kafka_acls_lines("User:running-totals", pipeline_acls(EXAMPLE))
+        + kafka_acls_lines("User:running-totals-compaction", compaction_acls(EXAMPLE))
+        + kafka_acls_lines("User:running-totals-pg", postgres_acls(PG_EXAMPLE))
+    )
 
 
 def test_security_md_lists_exactly_the_defined_acl_commands() -> None:
@@ -84,7 +86,8 @@ def test_keys_are_unique_and_bindings_are_one_per_operation() -> None:
     assert len({a.key for a in acls}) == len(acls)
     assert len(bindings("User:x", acls)) == sum(len(a.operations) for a in acls)
     assert [(f.name, f.operation) for f in binding_filters("User:x", acls)] == [
-        (b.name, b.operation) for b in bindings("User:x", acls)]
+        (b.name, b.operation) for b in bindings("User:x", acls)
+    ]
 
 
 # -- `pipeline acls` ---------------------------------------------------------------------------------------------------
@@ -102,24 +105,42 @@ def test_acls_prints_what_security_md_shows(capsys, monkeypatch) -> None:
     assert (code, pg_code) == (0, 0)
     printed = [line for line in (out + pg_out).splitlines() if line.startswith("$ACLS --add ")]
     assert printed == documented_definition()
-    assert out.splitlines()[0] == ('ACLS="kafka-acls.sh --bootstrap-server 127.0.0.1:9092 '
-                                   '--command-config admin.properties"')
+    assert out.splitlines()[0] == (
+        'ACLS="kafka-acls.sh --bootstrap-server 127.0.0.1:9092 --command-config admin.properties"'
+    )
     assert "# User:running-totals-compaction: snapshots compact --app-id running-totals" in out
 
 
 def test_acls_follow_the_settings_pipeline_run_reads(capsys, monkeypatch, tmp_path: Path) -> None:
     config = tmp_path / "service.toml"
     config.write_text('app_id = "orders"\nchangelog_topic = "orders-state"\nsnapshot_on_shutdown = true\n')
-    code, out = acls_command(capsys, monkeypatch, "pipeline.examples.running_totals:app", "--config", str(config),
-                             "--input-topic", "orders-in", "--principal", "User:svc", "--compaction-principal",
-                             "User:job", "--no-create-topics", "--keep-history")
+    code, out = acls_command(
+        capsys,
+        monkeypatch,
+        "pipeline.examples.running_totals:app",
+        "--config",
+        str(config),
+        "--input-topic",
+        "orders-in",
+        "--principal",
+        "User:svc",
+        "--compaction-principal",
+        "User:job",
+        "--no-create-topics",
+        "--keep-history",
+    )
 
     assert code == 0
-    expected = (kafka_acls_lines("User:svc", pipeline_acls(Names("orders", "orders-in", "totals-output",
-                                                                 changelog_topic="orders-state"),
-                                                           create_internal_topics=False, snapshot_on_shutdown=True))
-                + kafka_acls_lines("User:job", compaction_acls(Names("orders", "", "", changelog_topic="orders-state"),
-                                                               keep_history=True)))
+    expected = kafka_acls_lines(
+        "User:svc",
+        pipeline_acls(
+            Names("orders", "orders-in", "totals-output", changelog_topic="orders-state"),
+            create_internal_topics=False,
+            snapshot_on_shutdown=True,
+        ),
+    ) + kafka_acls_lines(
+        "User:job", compaction_acls(Names("orders", "", "", changelog_topic="orders-state"), keep_history=True)
+    )
     assert [line for line in out.splitlines() if line.startswith("$ACLS")] == expected
 
 
@@ -143,11 +164,16 @@ def test_command_config_reads_kafka_acls_properties(tmp_path: Path) -> None:
         "security.protocol=SASL_SSL\nsasl.mechanism = SCRAM-SHA-512\n"
         'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" '
         'password="s3cr=t";\n'
-        "ssl.truststore.type=PEM\nssl.truststore.location=/etc/kafka/ca.pem\n")
+        "ssl.truststore.type=PEM\nssl.truststore.location=/etc/kafka/ca.pem\n"
+    )
 
     assert admin_properties(properties) == {
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin",
-        "sasl.password": "s3cr=t", "ssl.ca.location": "/etc/kafka/ca.pem"}
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "admin",
+        "sasl.password": "s3cr=t",
+        "ssl.ca.location": "/etc/kafka/ca.pem",
+    }
     with pytest.raises(ConfigError, match=r"--command-config .*missing\.properties: No such file"):
         admin_properties(tmp_path / "missing.properties")
     (tmp_path / "bad.properties").write_text("security.protocol SASL_SSL\n")

@@ -22,8 +22,9 @@ def test_a_per_process_mode_makes_a_per_process_runner() -> None:
     run = throughput.Run(cell, "eos-per_process", "127.0.0.1:1", "bench-test", {})
     runner = throughput.make_runner(run)
     assert (runner.settings.producers, runner.settings.processing_guarantee) == (PER_PROCESS, EXACTLY_ONCE)
-    assert throughput.make_runner(throughput.Run(cell, "eos", "127.0.0.1:1", "b", {})).settings.producers \
-        == PER_PARTITION
+    assert (
+        throughput.make_runner(throughput.Run(cell, "eos", "127.0.0.1:1", "b", {})).settings.producers == PER_PARTITION
+    )
 
 
 def test_the_watcher_reads_threads_and_rss_of_a_process() -> None:
@@ -37,8 +38,12 @@ def test_ratios_are_against_the_first_partition_count_and_per_partition(tmp_path
     def run(n: int, producers: str, rate: float, hwm: float) -> partitions.RunResult:
         return partitions.RunResult(n, producers, rate, proc=partitions.Sample(peak_threads=n, hwm_mb=hwm))
 
-    results = [run(3, PER_PARTITION, 100.0, 100.0), run(3, PER_PROCESS, 100.0, 100.0),
-               run(384, PER_PARTITION, 50.0, 600.0), run(384, PER_PROCESS, 90.0, 150.0)]
+    results = [
+        run(3, PER_PARTITION, 100.0, 100.0),
+        run(3, PER_PROCESS, 100.0, 100.0),
+        run(384, PER_PARTITION, 50.0, 600.0),
+        run(384, PER_PROCESS, 90.0, 150.0),
+    ]
     rows = partitions.summary(results, [3, 384], [PER_PARTITION, PER_PROCESS])
     per_process_384 = next(r for r in rows if r.startswith("| 384 | per_process"))
     cells = [c.strip() for c in per_process_384.split("|")[1:-1]]

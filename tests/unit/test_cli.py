@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / ".venv" / "bin" / "pipeline"  # the console script `pip install` wrote, not `python -m pipeline`
 
 # README, "Your own logic": the running-totals service as a user writes it, next to where they run `pipeline`.
-MY_SERVICE = '''\
+MY_SERVICE = """\
 from pipeline.app import App, Output
 
 def process(state, record):
@@ -29,7 +29,7 @@ def process(state, record):
     return [Output(key=record.key, value={"count": count + 1, "sum": total + record.value["amount"]})]
 
 app = App(name="running-totals", input_topic="totals-input", output_topic="totals-output", process=process)
-'''
+"""
 
 
 @pytest.fixture
@@ -67,7 +67,9 @@ def test_run_finds_my_service_in_the_current_directory(service_dir: Path) -> Non
     result = pipeline(service_dir, "run", "my_service:app", "--config", "missing.toml")
 
     assert (result.returncode, only_line(result.stderr)) == (
-        2, "configuration error: CONFIG_FILE missing.toml: [Errno 2] No such file or directory: 'missing.toml'")
+        2,
+        "configuration error: CONFIG_FILE missing.toml: [Errno 2] No such file or directory: 'missing.toml'",
+    )
 
 
 def test_chaos_finds_my_service_in_the_current_directory(service_dir: Path) -> None:
@@ -78,8 +80,9 @@ def test_chaos_finds_my_service_in_the_current_directory(service_dir: Path) -> N
 
 
 def test_verify_finds_my_service_in_the_current_directory(service_dir: Path) -> None:
-    result = pipeline(service_dir, "verify", "my_service:app", "--bootstrap-servers", f"127.0.0.1:{closed_port()}",
-                      "--timeout", "1")
+    result = pipeline(
+        service_dir, "verify", "my_service:app", "--bootstrap-servers", f"127.0.0.1:{closed_port()}", "--timeout", "1"
+    )
 
     assert result.returncode == 2
     assert "pipeline verify: could not check: KafkaError" in result.stderr  # got as far as asking the broker

@@ -140,7 +140,7 @@ def kafka_sh_single_node() -> dict[str, str]:
     heredoc = re.search(r'server\.properties" <<EOF\n(.*?)\nEOF\n', script, re.DOTALL)
     assert heredoc, "write_config's heredoc not found in deploy/local/kafka.sh"
     # The listeners come from listener_config (the plaintext branch: --secure has its own, in kafka-secure.sh).
-    listeners = re.search(r'listener_config\(\) \{.*?cat <<EOF\n(.*?)\nEOF\n', script, re.DOTALL)
+    listeners = re.search(r"listener_config\(\) \{.*?cat <<EOF\n(.*?)\nEOF\n", script, re.DOTALL)
     assert listeners, "listener_config's heredoc not found in deploy/local/kafka.sh"
     text = heredoc.group(1).replace('$(listener_config "$n")', listeners.group(1))
     values = {"$n": "1", "$REPLICATION": "1", "$MIN_ISR": "1"}

@@ -16,8 +16,11 @@ def test_classic_is_the_default_and_keeps_the_client_side_group_settings() -> No
     s = load(env={"PIPELINE_SESSION_TIMEOUT_MS": "7000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "700"})
     config = consumer_config(s, "group")
     assert s.group_protocol == "classic" and config["group.protocol"] == "classic"
-    assert (config["partition.assignment.strategy"], config["session.timeout.ms"], config["heartbeat.interval.ms"]) \
-        == ("cooperative-sticky", 7000, 700)
+    assert (config["partition.assignment.strategy"], config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (
+        "cooperative-sticky",
+        7000,
+        700,
+    )
 
 
 def test_consumer_leaves_out_what_librdkafka_refuses_and_librdkafka_accepts_the_rest() -> None:
@@ -26,7 +29,10 @@ def test_consumer_leaves_out_what_librdkafka_refuses_and_librdkafka_accepts_the_
     assert config["group.protocol"] == "consumer"
     assert not set(CLASSIC_ONLY) & set(config)
     assert (config["isolation.level"], config["enable.auto.commit"], config["group.instance.id"]) == (
-        "read_committed", False, "pod-0")
+        "read_committed",
+        False,
+        "pod-0",
+    )
     Consumer(config).close()  # librdkafka's own check: `session.timeout.ms` etc. would fail here (_INVALID_ARG)
 
 

@@ -18,8 +18,9 @@ def _shipped_files() -> list[Path]:
 
 
 def test_no_shipped_file_is_longer_than_the_limit() -> None:
-    too_long = {str(f.relative_to(ROOT)): n for f in _shipped_files()
-                if (n := len(f.read_text().splitlines())) > MAX_FILE_LINES}
+    too_long = {
+        str(f.relative_to(ROOT)): n for f in _shipped_files() if (n := len(f.read_text().splitlines())) > MAX_FILE_LINES
+    }
     assert not too_long, f"files over {MAX_FILE_LINES} lines: {too_long}"
 
 

@@ -20,9 +20,15 @@ class Owned(Lifecycle):
 ALLOWED = [(before, after) for before, targets in TRANSITIONS.items() for after in targets]
 FORBIDDEN = [(before, after) for before in Phase for after in Phase if after not in TRANSITIONS[before]]
 # A shortest way into each phase from NEW, through allowed moves only.
-PATH = {Phase.NEW: (), Phase.RESTORING: (Phase.RESTORING,), Phase.RUNNING: (Phase.RUNNING,),
-        Phase.REWINDING: (Phase.RUNNING, Phase.REWINDING), Phase.STOPPED: (Phase.RUNNING, Phase.STOPPED),
-        Phase.DROPPED: (Phase.RUNNING, Phase.DROPPED), Phase.CLOSED: (Phase.CLOSED,)}
+PATH = {
+    Phase.NEW: (),
+    Phase.RESTORING: (Phase.RESTORING,),
+    Phase.RUNNING: (Phase.RUNNING,),
+    Phase.REWINDING: (Phase.RUNNING, Phase.REWINDING),
+    Phase.STOPPED: (Phase.RUNNING, Phase.STOPPED),
+    Phase.DROPPED: (Phase.RUNNING, Phase.DROPPED),
+    Phase.CLOSED: (Phase.CLOSED,),
+}
 
 
 def test_every_phase_has_a_row_and_a_way_in() -> None:

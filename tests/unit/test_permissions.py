@@ -68,8 +68,9 @@ class FakeAdmin:
     def describe_topics(self, topics, include_authorized_operations: bool, request_timeout: float) -> dict:
         assert include_authorized_operations
         self.asked += topics.topic_names
-        return {t: _described(self.topics.get(t, DENIED), KafkaError.TOPIC_AUTHORIZATION_FAILED)
-                for t in topics.topic_names}
+        return {
+            t: _described(self.topics.get(t, DENIED), KafkaError.TOPIC_AUTHORIZATION_FAILED) for t in topics.topic_names
+        }
 
     def describe_consumer_groups(self, groups, include_authorized_operations: bool, request_timeout: float) -> dict:
         assert include_authorized_operations
@@ -79,12 +80,15 @@ class FakeAdmin:
     def create_topics(self, new_topics, validate_only: bool, request_timeout: float) -> dict:
         assert validate_only, "the check must never create a topic"
         self.validated += [t.topic for t in new_topics]
-        return {t.topic: _future(error=None if t.topic in self.creatable else KafkaError.TOPIC_AUTHORIZATION_FAILED)
-                for t in new_topics}
+        return {
+            t.topic: _future(error=None if t.topic in self.creatable else KafkaError.TOPIC_AUTHORIZATION_FAILED)
+            for t in new_topics
+        }
 
 
-def check(admin: FakeAdmin, phase: str = BEFORE_TOPICS, settings: settings_module.Settings = SETTINGS,
-          stateful: bool = True) -> None:
+def check(
+    admin: FakeAdmin, phase: str = BEFORE_TOPICS, settings: settings_module.Settings = SETTINGS, stateful: bool = True
+) -> None:
     check_service(admin, NAMES, settings, stateful=stateful, phase=phase)
 
 
@@ -105,8 +109,10 @@ def test_everything_granted_passes_both_phases() -> None:
 def test_a_missing_write_is_named_with_the_topic_why_and_what_is_granted() -> None:
     message = failure(FakeAdmin(topics={"x-dlq": {"DESCRIBE"}}))
 
-    assert message == ("missing Kafka permission (sasl.username 'pipeline'): WRITE on topic 'x-dlq' "
-                       f"(dead letters; granted: DESCRIBE). {HINT}")
+    assert message == (
+        "missing Kafka permission (sasl.username 'pipeline'): WRITE on topic 'x-dlq' "
+        f"(dead letters; granted: DESCRIBE). {HINT}"
+    )
 
 
 def test_a_topic_the_principal_may_not_even_describe_is_not_called_absent() -> None:
@@ -117,20 +123,27 @@ def test_a_topic_the_principal_may_not_even_describe_is_not_called_absent() -> N
 
 
 def test_every_gap_is_named_at_once() -> None:
-    message = failure(FakeAdmin(topics={"x-out": {"DESCRIBE", "READ"}, "x-changelog": {"DESCRIBE", "READ"}},
-                                groups={"x": {"DESCRIBE"}}))
+    message = failure(
+        FakeAdmin(
+            topics={"x-out": {"DESCRIBE", "READ"}, "x-changelog": {"DESCRIBE", "READ"}}, groups={"x": {"DESCRIBE"}}
+        )
+    )
 
     assert message.startswith("missing Kafka permissions (sasl.username 'pipeline'): ")
     assert "WRITE on topic 'x-out' (outputs; granted: DESCRIBE, READ)" in message
-    assert "WRITE on topic 'x-changelog' (state changes and checkpoints; read back by restores; granted: " \
-           "DESCRIBE, READ)" in message
-    assert "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: DESCRIBE)" \
-           in message
+    assert (
+        "WRITE on topic 'x-changelog' (state changes and checkpoints; read back by restores; granted: "
+        "DESCRIBE, READ)" in message
+    )
+    assert (
+        "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: DESCRIBE)" in message
+    )
 
 
 def test_a_group_the_principal_may_not_describe() -> None:
-    assert "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: none)" in \
-        failure(FakeAdmin(groups={"x": DENIED}))
+    assert "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: none)" in failure(
+        FakeAdmin(groups={"x": DENIED})
+    )
 
 
 def test_internal_topics_not_there_yet_need_create_asked_without_creating() -> None:
@@ -140,8 +153,10 @@ def test_internal_topics_not_there_yet_need_create_asked_without_creating() -> N
     message = failure(admin)
 
     assert admin.validated == ["x-changelog", "x-snapshots", "x-dlq"]
-    assert message == ("missing Kafka permission (sasl.username 'pipeline'): CREATE on topic 'x-snapshots' "
-                       f"(created at start-up if missing (pre-create them and drop this)). {HINT}")
+    assert message == (
+        "missing Kafka permission (sasl.username 'pipeline'): CREATE on topic 'x-snapshots' "
+        f"(created at start-up if missing (pre-create them and drop this)). {HINT}"
+    )
     check(FakeAdmin(topics=absent))  # with CREATE: the topic check goes on and creates them
 
 
@@ -189,8 +204,9 @@ def test_a_phase_is_one_of_two() -> None:
 
 
 def test_a_fence_refused_for_want_of_a_transactional_id_acl_is_named() -> None:
-    error = KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed",
-                       fatal=True)
+    error = KafkaError(
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Transactional Id authorization failed", fatal=True
+    )
     missing = missing_transactional_id(error, "x.x-in.0")
 
     assert isinstance(missing, ConfigError)  # `pipeline run`: "configuration error: ...", exit code 2
@@ -199,19 +215,29 @@ def test_a_fence_refused_for_want_of_a_transactional_id_acl_is_named() -> None:
 
 
 # -- connection -------------------------------------------------------------------------------------------------------
-AUTH_FAILED = KafkaError(KafkaError._AUTHENTICATION, "sasl_ssl://127.0.0.1:9192/bootstrap: SASL authentication "
-                         "error: Authentication failed during authentication due to invalid credentials with SASL "
-                         "mechanism SCRAM-SHA-512 (after 316ms in state AUTH_REQ)")
-UNTRUSTED = KafkaError(KafkaError._SSL, "sasl_ssl://127.0.0.1:9192/bootstrap: SSL handshake failed: error:0A000086:"
-                       "SSL routines::certificate verify failed: broker certificate could not be verified")
+AUTH_FAILED = KafkaError(
+    KafkaError._AUTHENTICATION,
+    "sasl_ssl://127.0.0.1:9192/bootstrap: SASL authentication "
+    "error: Authentication failed during authentication due to invalid credentials with SASL "
+    "mechanism SCRAM-SHA-512 (after 316ms in state AUTH_REQ)",
+)
+UNTRUSTED = KafkaError(
+    KafkaError._SSL,
+    "sasl_ssl://127.0.0.1:9192/bootstrap: SSL handshake failed: error:0A000086:"
+    "SSL routines::certificate verify failed: broker certificate could not be verified",
+)
 
 
 def test_refusals_name_the_setting() -> None:
-    assert refusal(AUTH_FAILED).startswith("PIPELINE_KAFKA_SASL_USERNAME / PIPELINE_KAFKA_SASL_PASSWORD: "
-                                           "authentication failed")
+    assert refusal(AUTH_FAILED).startswith(
+        "PIPELINE_KAFKA_SASL_USERNAME / PIPELINE_KAFKA_SASL_PASSWORD: authentication failed"
+    )
     assert refusal(UNTRUSTED).startswith("PIPELINE_KAFKA_SSL_CA_LOCATION: the broker's certificate is not trusted")
-    mechanism = KafkaError(KafkaError._AUTHENTICATION, "SASL PLAIN mechanism handshake failed: Broker: Unsupported "
-                           "SASL mechanism: broker's supported mechanisms: SCRAM-SHA-512")
+    mechanism = KafkaError(
+        KafkaError._AUTHENTICATION,
+        "SASL PLAIN mechanism handshake failed: Broker: Unsupported "
+        "SASL mechanism: broker's supported mechanisms: SCRAM-SHA-512",
+    )
     assert refusal(mechanism).startswith("PIPELINE_KAFKA_SASL_MECHANISMS: ")
     assert refusal(KafkaError(KafkaError._TRANSPORT, "Connect to ipv4#127.0.0.1:9 failed")) is None
     assert refusal(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")) is None
@@ -223,13 +249,16 @@ def test_config_problems_name_the_setting_and_keep_secret_values_out() -> None:
 
     assert problem('No such configuration property: "foo.bar"').startswith("PIPELINE_KAFKA_FOO_BAR: ")
     assert problem('Invalid value "FOO" for configuration property "security.protocol"').startswith(
-        "PIPELINE_KAFKA_SECURITY_PROTOCOL: ")
+        "PIPELINE_KAFKA_SECURITY_PROTOCOL: "
+    )
     secret = problem('Invalid value "hunter2" for configuration property "sasl.password"')
     assert secret.startswith("PIPELINE_KAFKA_SASL_PASSWORD: ") and "hunter2" not in secret
-    assert problem("Failed to create admin client: ssl.key.location failed: error:0A080009:SSL routines::PEM lib") \
-        .startswith("PIPELINE_KAFKA_SSL_KEY_LOCATION / PIPELINE_KAFKA_SSL_KEY_PASSWORD: ")
-    assert problem("Java JAAS configuration is not supported, see https://github.com/confluentinc/librdkafka") \
-        .startswith("PIPELINE_KAFKA_SASL_JAAS_CONFIG: ")
+    assert problem(
+        "Failed to create admin client: ssl.key.location failed: error:0A080009:SSL routines::PEM lib"
+    ).startswith("PIPELINE_KAFKA_SSL_KEY_LOCATION / PIPELINE_KAFKA_SSL_KEY_PASSWORD: ")
+    assert problem(
+        "Java JAAS configuration is not supported, see https://github.com/confluentinc/librdkafka"
+    ).startswith("PIPELINE_KAFKA_SASL_JAAS_CONFIG: ")
 
 
 class RefusingAdmin:
@@ -265,14 +294,36 @@ def test_connect_check_names_an_unknown_property() -> None:
 
 def test_connect_check_names_the_key_password_and_never_shows_it(tmp_path: Path) -> None:
     key, cert = tmp_path / "client.key", tmp_path / "client.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=client",
-                    "-keyout", str(key), "-out", str(cert), "-passout", "pass:the-right-one"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=client",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-passout",
+            "pass:the-right-one",
+        ],
+        check=True,
+        capture_output=True,
+    )
     sentinel = "SENTINEL-key-password-4f9c"
-    settings = settings_module.load(env={"PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
-                                         "PIPELINE_KAFKA_SSL_KEY_LOCATION": str(key),
-                                         "PIPELINE_KAFKA_SSL_CERTIFICATE_LOCATION": str(cert),
-                                         "PIPELINE_KAFKA_SSL_KEY_PASSWORD": sentinel})
+    settings = settings_module.load(
+        env={
+            "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "PIPELINE_KAFKA_SSL_KEY_LOCATION": str(key),
+            "PIPELINE_KAFKA_SSL_CERTIFICATE_LOCATION": str(cert),
+            "PIPELINE_KAFKA_SSL_KEY_PASSWORD": sentinel,
+        }
+    )
     with pytest.raises(ConnectionRefused) as raised:
         connect_check(settings, timeout_s=1)
     assert str(raised.value).startswith("PIPELINE_KAFKA_SSL_KEY_LOCATION / PIPELINE_KAFKA_SSL_KEY_PASSWORD: ")

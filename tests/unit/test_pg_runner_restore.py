@@ -49,8 +49,16 @@ def test_the_callback_only_fences_and_the_restore_steps_between_polls(fake_datab
     settings = Settings(sink="postgres", postgres_dsn="postgresql://unused", restore_step_ms=50)
     runner = PgRunner(totals_pg, settings)
     runner.consumer = consumer = SeekRecordingConsumer()
-    runner.ctx = WorkerContext(totals_pg, settings, "unit", totals_pg.input_topic, None, TotalsSink(),  # type: ignore[arg-type]
-                               runner.metrics, "unit")
+    runner.ctx = WorkerContext(
+        totals_pg,
+        settings,
+        "unit",
+        totals_pg.input_topic,
+        None,
+        TotalsSink(),  # type: ignore[arg-type]
+        runner.metrics,
+        "unit",
+    )
     runner._on_assign(consumer, [TopicPartition(totals_pg.input_topic, 0)])
     worker = runner.workers[0]
     assert worker.phase is Phase.RESTORING and consumer.paused == {0} and fake_database == []

@@ -123,15 +123,17 @@ class NullProducer:
 
 
 def message(partition: int, offset: int, timestamp_ms: int = 0) -> Message:
-    return Message(topic=copier.input_topic, partition=partition, offset=offset, key=b"k", value=b"v",
-                   timestamp=(1, timestamp_ms))
+    return Message(
+        topic=copier.input_topic, partition=partition, offset=offset, key=b"k", value=b"v", timestamp=(1, timestamp_ms)
+    )
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    fake_time = SimpleNamespace(monotonic=fake.monotonic, time=fake.time, perf_counter=fake.perf_counter,
-                                sleep=fake.sleep)
+    fake_time = SimpleNamespace(
+        monotonic=fake.monotonic, time=fake.time, perf_counter=fake.perf_counter, sleep=fake.sleep
+    )
     for module in (loop_module, runner_module, task_module, metrics_module):
         monkeypatch.setattr(module, "time", fake_time)
     return fake
@@ -204,15 +206,31 @@ def test_a_batch_is_never_larger_than_poll_max_records(clock: FakeClock) -> None
 
 
 # -- the Kafka runner end to end: commits exactly when due ------------------------------------------------------------
-def running_runner(clock: FakeClock, consumer: FakeConsumer, interval_ms: int, guarantee: str) -> tuple[Runner,
-                                                                                                        NullProducer]:
-    s = settings.load(env={}, bootstrap_servers="unused:9092", app_id="poll-wait", commit_interval_ms=interval_ms,
-                      processing_guarantee=guarantee)
+def running_runner(
+    clock: FakeClock, consumer: FakeConsumer, interval_ms: int, guarantee: str
+) -> tuple[Runner, NullProducer]:
+    s = settings.load(
+        env={},
+        bootstrap_servers="unused:9092",
+        app_id="poll-wait",
+        commit_interval_ms=interval_ms,
+        processing_guarantee=guarantee,
+    )
     runner = Runner(copier, s)
     runner.consumer = consumer
     producer = NullProducer(clock)
-    runner.ctx = TaskContext(copier, s, runner.app_id, copier.input_topic, copier.output_topic, "cl", "dlq",
-                             consumer, lambda _: producer, Metrics())
+    runner.ctx = TaskContext(
+        copier,
+        s,
+        runner.app_id,
+        copier.input_topic,
+        copier.output_topic,
+        "cl",
+        "dlq",
+        consumer,
+        lambda _: producer,
+        Metrics(),
+    )
     runner.metrics = runner.ctx.metrics
     for p in range(3):
         task = task_module.PartitionTask(runner.ctx, p)
@@ -233,8 +251,9 @@ def test_each_transaction_commits_when_due_not_when_a_batch_wait_ends(clock: Fak
     assert len(producer.commits) >= 2
     opened = start  # a transaction opens with the first record after the previous commit
     for committed in producer.commits:
-        assert committed == pytest.approx(opened + interval_ms / 1000, abs=1e-9), \
+        assert committed == pytest.approx(opened + interval_ms / 1000, abs=1e-9), (
             f"committed {1000 * (committed - opened):.1f} ms after its transaction opened, not {interval_ms}"
+        )
         opened = min((at for at in times if at >= committed), default=float("inf"))
     # The first record of each transaction waited exactly the commit interval for it.
     first = runner.metrics.end_to_end_latency.labels("first")
@@ -274,8 +293,9 @@ def test_when_one_transaction_is_due_every_open_one_commits_with_it(clock: FakeC
     # Transactions opened 0, 30 and 60 ms in: all three commit at 100 ms, in one pause of the loop, instead of
     # three pauses 30 ms apart; none is ever later than its own deadline.
     start = clock.now
-    consumer = FakeConsumer(clock, [(start + 0.03 * p, message(p, 0, round((start + 0.03 * p) * 1000)))
-                                    for p in range(3)])
+    consumer = FakeConsumer(
+        clock, [(start + 0.03 * p, message(p, 0, round((start + 0.03 * p) * 1000))) for p in range(3)]
+    )
     runner, producer = running_runner(clock, consumer, 100, settings.EXACTLY_ONCE)
     while clock.now < start + 0.15:
         runner._loop_once()

@@ -8,11 +8,12 @@ from typing import ClassVar
 
 import pytest
 
-import pipeline.state.restore as restore_module
+import pipeline.state.restore_manager as restore_module
 from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.serde import JSON
 from pipeline.settings import Settings
-from pipeline.state.restore import RestoreError, RestoreManager
+from pipeline.state.restore import RestoreError
+from pipeline.state.restore_manager import RestoreManager
 
 
 class Clock:
@@ -60,8 +61,15 @@ def manager() -> tuple[RestoreManager, list[str]]:
         admins.append(f"admin {len(admins) + 1}")
         return admins[-1]
 
-    restores = RestoreManager(Settings(restore_timeout_ms=10_000), "cl", "snap", JSON, lambda: None,  # type: ignore[arg-type]
-                              make_admin, admins[0])  # type: ignore[arg-type]
+    restores = RestoreManager(
+        Settings(restore_timeout_ms=10_000),
+        "cl",
+        "snap",
+        JSON,
+        lambda: None,  # type: ignore[arg-type]
+        make_admin,
+        admins[0],
+    )  # type: ignore[arg-type]
     return restores, admins
 
 

@@ -45,8 +45,18 @@ class NullProducer:
 def runner_for(app, consumer: RecordingConsumer) -> Runner:
     runner = Runner(app, settings.load(env={}, bootstrap_servers="unused:9092", app_id="take-over"))
     runner.consumer = consumer
-    runner.ctx = TaskContext(app, runner.settings, runner.app_id, app.input_topic, app.output_topic, "cl", "dlq",
-                             consumer, lambda _: NullProducer(), runner.metrics)
+    runner.ctx = TaskContext(
+        app,
+        runner.settings,
+        runner.app_id,
+        app.input_topic,
+        app.output_topic,
+        "cl",
+        "dlq",
+        consumer,
+        lambda _: NullProducer(),
+        runner.metrics,
+    )
     runner.restores.start = lambda p, committed_offset: None  # the restore itself is not under test
     return runner
 

@@ -218,8 +218,16 @@ def test_secrets_never_show_in_repr_str_or_dumps_of_the_settings() -> None:
         "PIPELINE_POSTGRES_DSN": "postgresql://alice:dsn-pw@db:5432/app",
     }
     s = load(env={**secrets, "PIPELINE_SINK": "postgres", "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
-    shown = [repr(s), str(s), f"{s!r}", repr(s.kafka), repr(dataclasses.asdict(s)), pprint.pformat(s),
-             repr(s.redacted_kafka()), repr(s.with_overrides(app_id="x"))]
+    shown = [
+        repr(s),
+        str(s),
+        f"{s!r}",
+        repr(s.kafka),
+        repr(dataclasses.asdict(s)),
+        pprint.pformat(s),
+        repr(s.redacted_kafka()),
+        repr(s.with_overrides(app_id="x")),
+    ]
     for text in shown:
         for word in ("hunter2", "jaas-pw", "key-pw", "dsn-pw"):
             assert word not in text, (word, text)
@@ -229,25 +237,30 @@ def test_secrets_never_show_in_repr_str_or_dumps_of_the_settings() -> None:
     assert client_config(s)["sasl.password"] == "hunter2" and str(s.kafka["ssl.key.password"]) == "key-pw"
 
 
-
 def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> None:
     """PIPELINE_KAFKA_* reaches every client, but the protocol's own properties are set after it
     (docs/guarantees.md: read-committed, one-transaction)."""
-    s = load(env={
-        "PIPELINE_KAFKA_ISOLATION_LEVEL": "read_uncommitted",
-        "PIPELINE_KAFKA_ENABLE_AUTO_COMMIT": "true",
-        "PIPELINE_KAFKA_ENABLE_AUTO_OFFSET_STORE": "true",
-        "PIPELINE_KAFKA_ENABLE_IDEMPOTENCE": "false",
-        "PIPELINE_KAFKA_ACKS": "1",
-        "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
-    })
+    s = load(
+        env={
+            "PIPELINE_KAFKA_ISOLATION_LEVEL": "read_uncommitted",
+            "PIPELINE_KAFKA_ENABLE_AUTO_COMMIT": "true",
+            "PIPELINE_KAFKA_ENABLE_AUTO_OFFSET_STORE": "true",
+            "PIPELINE_KAFKA_ENABLE_IDEMPOTENCE": "false",
+            "PIPELINE_KAFKA_ACKS": "1",
+            "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
+        }
+    )
     consumer, restore = consumer_config(s, "group"), restore_consumer_config(s, "group.restore")
     producer = producer_config(s, "app.in.0")
     assert (consumer["isolation.level"], consumer["enable.auto.commit"], consumer["enable.auto.offset.store"]) == (
-        "read_committed", False, False)
+        "read_committed",
+        False,
+        False,
+    )
     assert (restore["isolation.level"], restore["enable.auto.commit"]) == ("read_committed", False)
     assert (producer["enable.idempotence"], producer["acks"], producer["transactional.id"]) == (True, "all", "app.in.0")
     assert consumer["security.protocol"] == restore["security.protocol"] == producer["security.protocol"] == "SSL"
+
 
 # -- a service's own settings --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -264,8 +277,11 @@ class PricingSettings(Settings):
 
 def test_a_service_extends_the_settings_with_its_own(tmp_path: Path) -> None:
     path = write(tmp_path, 'price_feed_url = "http://file"\napp_id = "pricing"\n')
-    env = {"PIPELINE_MAX_DISCOUNT_PERCENT": "40", "PIPELINE_DISCOUNTS_ENABLED": "off",
-           "PIPELINE_COMMIT_INTERVAL_MS": "7"}
+    env = {
+        "PIPELINE_MAX_DISCOUNT_PERCENT": "40",
+        "PIPELINE_DISCOUNTS_ENABLED": "off",
+        "PIPELINE_COMMIT_INTERVAL_MS": "7",
+    }
     s = PricingSettings.load(path, env=env)
     assert isinstance(s, PricingSettings)
     assert (s.price_feed_url, s.max_discount_percent, s.discounts_enabled) == ("http://file", 40, False)

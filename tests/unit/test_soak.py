@@ -33,8 +33,10 @@ Level = Callable[[float], float]
 def series(name: str, minutes: float, rss_mib: Level, fds: Level, seed: int = 1) -> Series:
     """A sample every 5 s for `minutes`; rss_mib(t) and fds(t) give the level at t seconds, plus noise."""
     rng = random.Random(seed)
-    samples = [Sample(t, int((rss_mib(t) + rng.gauss(0, 2)) * MIB), max(0, round(fds(t) + rng.gauss(0, 2))))
-               for t in range(0, int(minutes * 60) + 1, EVERY_S)]
+    samples = [
+        Sample(t, int((rss_mib(t) + rng.gauss(0, 2)) * MIB), max(0, round(fds(t) + rng.gauss(0, 2))))
+        for t in range(0, int(minutes * 60) + 1, EVERY_S)
+    ]
     return Series(name, samples)
 
 
@@ -66,8 +68,9 @@ def test_growth_that_stopped_in_the_first_minutes_is_not_a_leak() -> None:
 
 
 def test_short_lived_instances_are_not_judged_and_a_soak_judging_none_fails() -> None:
-    short = {f"instance-{n}": series(f"instance-{n}", 12, lambda t: 90 + 5 * t, lambda t: 40, seed=n)
-             for n in range(2, 5)}
+    short = {
+        f"instance-{n}": series(f"instance-{n}", 12, lambda t: 90 + 5 * t, lambda t: 40, seed=n) for n in range(2, 5)
+    }
     growths, problems = growth_verdict(short)
     assert [g.judged for g in growths] == [False] * 3
     assert problems == ["no instance lived 20 minutes: nothing could be judged"]
@@ -101,8 +104,11 @@ def test_the_sampler_keeps_one_series_per_instance_lifetime(tmp_path) -> None:
     sampler.sample_once()
     for instance in fleet.instances:
         instance.kill()
-    assert {name: len(s.samples) for name, s in sampler.series.items()} == \
-        {"instance-1": 2, "instance-2": 1, "instance-3": 1}
+    assert {name: len(s.samples) for name, s in sampler.series.items()} == {
+        "instance-1": 2,
+        "instance-2": 1,
+        "instance-3": 1,
+    }
     assert sampler.series["instance-3"].samples[0].at_s == 0
 
 
@@ -115,8 +121,16 @@ def test_the_report_and_the_samples_file_say_what_was_judged_even_without_a_chec
     leaking = series("instance-1", 31, lambda t: 90 + 1.5 * t / 60, lambda t: 40)
     short = series("instance-2", 5, lambda t: 90, lambda t: 40)
     growths, problems = growth_verdict({"instance-1": leaking, "instance-2": short})
-    result = SoakResult(None, growths, ["the checker could not run: TimeoutError()", *problems],
-                        Counter(sigkill=16, zombie=15), 1_000_000, 1860.0, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+    result = SoakResult(
+        None,
+        growths,
+        ["the checker could not run: TimeoutError()", *problems],
+        Counter(sigkill=16, zombie=15),
+        1_000_000,
+        1860.0,
+        (1.0, 2.0, 3.0),
+        (4.0, 5.0, 6.0),
+    )
     text = report(result)
     assert text.startswith("soak FAIL: 1000000 records over 31.0 min, 31 faults (sigkill 16, zombie 15)")
     assert "checker: did not run" in text and "instance-1: RSS grew" in text

@@ -26,8 +26,7 @@ def test_a_new_state_version_migrates_at_restore_and_outputs_continue_exactly() 
     driver = AppDriver(v1, partitions=2, test_abort_every=3)
     totals(driver, ("a", 1), ("b", 10), ("a", 2))
     driver.deploy(v2)  # restored from v1's changelog, migrated
-    assert driver.state(0) | driver.state(1) == {
-        "a": {"count": 2, "sum": 3}, "b": {"count": 1, "sum": 10}}
+    assert driver.state(0) | driver.state(1) == {"a": {"count": 2, "sum": 3}, "b": {"count": 1, "sum": 10}}
     assert totals(driver, ("a", 5), ("b", 1)) == [{"id": 0, "count": 3, "sum": 8}, {"id": 0, "count": 2, "sum": 11}]
     changelog = {(r.key, r.value) for r in driver.broker.committed_records(driver.changelog_topic)}
     assert (b"a", b'\xffv2:{"count":3,"sum":8}') in changelog and (b"__eos.state_version", b"2") in changelog

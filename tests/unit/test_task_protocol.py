@@ -23,13 +23,8 @@ from pipeline.processing import PoisonRecordStop
 from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.task import (
-    PartitionDropped,
-    PartitionTask,
-    TaskContext,
-    TransactionAborted,
-    transactional_id,
-)
+from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
+from pipeline.transaction import transactional_id
 
 APP_ID = "unit"
 INPUT, OUTPUT, CHANGELOG, DLQ = "in", "out", "unit-changelog", "unit-dlq"

@@ -59,7 +59,11 @@ def test_reserved_keys_are_hidden_from_the_user_and_cannot_be_written() -> None:
     state.timers.schedule("t", 5)
     assert dict(state) == {"k": 1} and len(state) == 1
     assert sorted(key for key, _ in state.encoded_items()) == [
-        STREAM_TIME_KEY, "__eos.timer.stream/t", "__eos.ttl/k", "k"]
+        STREAM_TIME_KEY,
+        "__eos.timer.stream/t",
+        "__eos.ttl/k",
+        "k",
+    ]
     with pytest.raises(ValueError, match="reserved"):
         state["__eos.mine"] = 1
 
@@ -80,8 +84,9 @@ def test_a_restored_state_is_adopted_with_its_timers_queued() -> None:
 # -- firing through the task ---------------------------------------------------------------------------------------
 def schedule_each(state: State, record: Record) -> Iterable[Output]:
     """Each record schedules a timer named by its key, due at its value, with the record's id as payload."""
-    state.timers.schedule(record.key, record.value["at"], payload=record.value["id"],
-                          clock=record.value.get("clock", "stream"))
+    state.timers.schedule(
+        record.key, record.value["at"], payload=record.value["id"], clock=record.value.get("clock", "stream")
+    )
     return (Output(key=record.key, value={"record": record.value["id"]}),)
 
 
@@ -103,7 +108,9 @@ def test_a_stream_timer_fires_before_the_record_that_moves_stream_time_past_it()
     assert out[1].source == (0, 2)
     driver.send("z", {"id": 4, "at": 1}, timestamp_ms=120)  # due in the past: fires before the next record
     assert [o.value for o in driver.send("q", {"id": 5, "at": 10**9}, timestamp_ms=0)] == [
-        {"timer": 4, "at": 1}, {"record": 5}]
+        {"timer": 4, "at": 1},
+        {"record": 5},
+    ]
     assert driver.state() == {"fired": 2} and driver.verify().ok
 
 
@@ -182,8 +189,9 @@ def test_stream_ttl_expires_a_key_not_written_for_that_long_and_survives_a_resto
 
 
 def test_wall_clock_ttl_reads_as_absent_once_due_and_is_deleted_on_the_next_turn() -> None:
-    driver = AppDriver(App("wall-ttl", "in", "out", count, state_ttl_ms=1_000, state_ttl_clock="wall"),
-                       auto_commit=False)
+    driver = AppDriver(
+        App("wall-ttl", "in", "out", count, state_ttl_ms=1_000, state_ttl_clock="wall"), auto_commit=False
+    )
     driver.send("a", 0)
     state = driver.tasks[0].state
     driver.now_ms = 1_000
@@ -205,7 +213,12 @@ def test_reject_dead_letters_at_once_with_its_error_type_even_with_on_poison_sto
         driver.send("k", n)
     [letter] = driver.dead_letters
     assert (letter.offset, letter.error_type, letter.error_message, letter.attempts, letter.rejected) == (
-        1, "odd", "3 is odd", 1, True)
+        1,
+        "odd",
+        "3 is odd",
+        1,
+        True,
+    )
     assert driver.state() == {"seen": 2} and driver.tasks[0].phase is Phase.RUNNING
     assert driver.verify().ok
 
@@ -231,8 +244,9 @@ def test_the_checker_fails_a_run_whose_timers_were_not_in_the_transaction(monkey
     """Timer entries left out of the changelog (so outside the transaction): after a crash the restored state has
     no timers, windows never close, and the checker says so."""
     changes = PartitionState.changes
-    monkeypatch.setattr(PartitionState, "changes",
-                        lambda self: ((k, v) for k, v in changes(self) if not k.startswith("__eos.timer")))
+    monkeypatch.setattr(
+        PartitionState, "changes", lambda self: ((k, v) for k, v in changes(self) if not k.startswith("__eos.timer"))
+    )
     verdict = windowed_run(crash_every=173).verify()
     assert not verdict.ok and verdict.losses.count > 0 and verdict.state.count > 0
 
@@ -249,9 +263,14 @@ def test_the_checker_places_wall_clock_firings_where_the_run_says_and_finds_a_se
     run = driver.run_data()
     assert check(app, run).ok
     again = _timer_output(0, len(run.outputs.records), b"0:7:wall:100:w", b'{"timer":1,"at":100}')
-    doubled = RunData(run.input_topic, run.inputs, TopicDump("out", [*run.outputs.records, again],
-                                                              {0: len(run.outputs.records) + 1}),
-                      run.dead_letters, run.changelog, run.committed)
+    doubled = RunData(
+        run.input_topic,
+        run.inputs,
+        TopicDump("out", [*run.outputs.records, again], {0: len(run.outputs.records) + 1}),
+        run.dead_letters,
+        run.changelog,
+        run.committed,
+    )
     verdict = check(app, doubled)
     assert verdict.duplicates.count == 1 and "no such wall-clock timer is pending" in str(verdict.duplicates.samples)
 

@@ -35,8 +35,12 @@ class Shared(Harness):
 
     def __init__(self, **settings) -> None:
         super().__init__(producers="per_process", **settings)
-        self.txn = Transaction(self._make_producer("unit.in.process-a"), self.settings, "unit.in.process-a",
-                               observe_commit=self.metrics.commit_latency.observe)
+        self.txn = Transaction(
+            self._make_producer("unit.in.process-a"),
+            self.settings,
+            "unit.in.process-a",
+            observe_commit=self.metrics.commit_latency.observe,
+        )
         self.ctx = dataclasses.replace(self.ctx, shared_transaction=lambda: self.txn)
 
     def tasks(self, *partitions: int) -> list[PartitionTask]:
@@ -124,13 +128,24 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
     p1 to 10 as well, and p1@11, polled before that seek, must not be processed (it would skip offset 10)."""
     calls = Calls()
     consumer = SeekingConsumer()
-    runner = Runner(copier, settings.load(env={}, bootstrap_servers="unused:9092", app_id="unit",
-                                          producers="per_process"))
+    runner = Runner(
+        copier, settings.load(env={}, bootstrap_servers="unused:9092", app_id="unit", producers="per_process")
+    )
     runner._make_producer = lambda txn_id: FakeProducer(calls, txn_id)  # type: ignore[method-assign]
     runner.consumer = consumer  # type: ignore[assignment]
-    runner.ctx = TaskContext(copier, runner.settings, "unit", copier.input_topic, copier.output_topic, "cl", "dlq",
-                             consumer, runner._make_producer, runner.metrics,  # type: ignore[arg-type]
-                             shared_transaction=runner._process_transaction)
+    runner.ctx = TaskContext(
+        copier,
+        runner.settings,
+        "unit",
+        copier.input_topic,
+        copier.output_topic,
+        "cl",
+        "dlq",
+        consumer,
+        runner._make_producer,
+        runner.metrics,  # type: ignore[arg-type]
+        shared_transaction=runner._process_transaction,
+    )
     runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
     runner._dispatch([FakeMessage(10, b"k", b"v", partition=1)])  # type: ignore[list-item]
     runner._process_transaction().producer.fail("produce", kafka_exception(**ABORTABLE))

@@ -16,8 +16,7 @@ def test_a_window_closes_when_stream_time_reaches_its_end_plus_grace_and_not_bef
     driver = AppDriver(app)
     driver.send("a", {"id": 1, "amount": 5}, timestamp_ms=10_000)  # window [10000, 20000)
     driver.send("a", {"id": 2, "amount": 1}, timestamp_ms=25_000)  # stream time 25000 >= 22000: closes [10000, 20000)
-    assert [o.value for o in driver.outputs] == [
-        {"window_start": 10_000, "window_end": 20_000, "count": 1, "sum": 5}]
+    assert [o.value for o in driver.outputs] == [{"window_start": 10_000, "window_end": 20_000, "count": 1, "sum": 5}]
     assert driver.send("b", {"id": 3, "amount": 1}, timestamp_ms=31_999) == []  # [20000, 30000) due at 32000
     [out] = driver.send("b", {"id": 4, "amount": 1}, timestamp_ms=32_000)
     assert (out.key, out.value) == ("a", {"window_start": 20_000, "window_end": 30_000, "count": 1, "sum": 1})

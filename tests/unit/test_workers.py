@@ -62,8 +62,9 @@ def supervised(count: int = 2) -> tuple[Supervisor, Clock, list[FakeProcess]]:
         spawned.append(FakeProcess(command, env))
         return spawned[-1]
 
-    supervisor = Supervisor(count, ["worker"], lambda slot: {"PIPELINE_WORKER_SLOT": str(slot)}, spawn=spawn,
-                            clock=clock)
+    supervisor = Supervisor(
+        count, ["worker"], lambda slot: {"PIPELINE_WORKER_SLOT": str(slot)}, spawn=spawn, clock=clock
+    )
     supervisor.start()
     return supervisor, clock, spawned
 
@@ -139,8 +140,13 @@ def test_describe_exit() -> None:
 def test_each_worker_gets_its_slot_its_own_static_member_id_and_no_port() -> None:
     base = {"PATH": "/bin", "PIPELINE_METRICS_PORT": "9100", "prometheus_multiproc_dir": "/elsewhere"}
     env = worker_env(base, 1, "/tmp/m", "host-a")
-    assert env == {"PATH": "/bin", "PIPELINE_WORKER_SLOT": "1", "PROMETHEUS_MULTIPROC_DIR": "/tmp/m",
-                   "PIPELINE_METRICS_PORT": "0", "PIPELINE_GROUP_INSTANCE_ID": "host-a-w1"}
+    assert env == {
+        "PATH": "/bin",
+        "PIPELINE_WORKER_SLOT": "1",
+        "PROMETHEUS_MULTIPROC_DIR": "/tmp/m",
+        "PIPELINE_METRICS_PORT": "0",
+        "PIPELINE_GROUP_INSTANCE_ID": "host-a-w1",
+    }
     assert "PIPELINE_GROUP_INSTANCE_ID" not in worker_env(base, 0, "/tmp/m", "")
 
 
@@ -155,11 +161,37 @@ def test_a_worker_loads_its_settings_with_the_slot_the_config_file_port_overridd
 
 
 def test_the_worker_command_repeats_the_options_but_workers_and_port() -> None:
-    args = _parser().parse_args(["--log-level", "debug", "run", "my.mod:app", "--workers", "4", "--metrics-port",
-                                 "9100", "--app-id", "a", "--sink", "kafka"])
+    args = _parser().parse_args(
+        [
+            "--log-level",
+            "debug",
+            "run",
+            "my.mod:app",
+            "--workers",
+            "4",
+            "--metrics-port",
+            "9100",
+            "--app-id",
+            "a",
+            "--sink",
+            "kafka",
+        ]
+    )
     command = worker_command(args, 42)
-    assert command[1:] == ["-m", "pipeline.workers", "--supervisor", "42", "--log-level", "debug", "run",
-                           "my.mod:app", "--app-id", "a", "--sink", "kafka"]
+    assert command[1:] == [
+        "-m",
+        "pipeline.workers",
+        "--supervisor",
+        "42",
+        "--log-level",
+        "debug",
+        "run",
+        "my.mod:app",
+        "--app-id",
+        "a",
+        "--sink",
+        "kafka",
+    ]
     assert _parser().parse_args(["run", "x:y"]).workers == 1
 
 
@@ -198,8 +230,7 @@ SLEEPER = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sy
 
 
 def test_real_workers_are_restarted_after_sigkill_and_stopped_by_sigterm() -> None:
-    supervisor = Supervisor(2, [sys.executable, "-c", SLEEPER], lambda slot: dict(os.environ),
-                            first_backoff_s=0.05)
+    supervisor = Supervisor(2, [sys.executable, "-c", SLEEPER], lambda slot: dict(os.environ), first_backoff_s=0.05)
     supervisor.start()
     try:
         victim = supervisor.slots[1].process
@@ -212,8 +243,12 @@ def test_real_workers_are_restarted_after_sigkill_and_stopped_by_sigterm() -> No
 
 
 def test_pipeline_run_workers_rejects_a_bad_app_before_starting_any() -> None:
-    result = subprocess.run([sys.executable, "-m", "pipeline", "run", "--workers", "2", "no.such.module:app"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "run", "--workers", "2", "no.such.module:app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "worker" not in result.stderr
 
 
@@ -221,8 +256,12 @@ STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); 
 
 
 def test_a_second_signal_kills_workers_that_do_not_stop() -> None:
-    supervisor = Supervisor(1, [sys.executable, "-c", STUBBORN], lambda slot: dict(os.environ),
-                            spawn=lambda command, env: subprocess.Popen(command, env=env, stdout=subprocess.PIPE))
+    supervisor = Supervisor(
+        1,
+        [sys.executable, "-c", STUBBORN],
+        lambda slot: dict(os.environ),
+        spawn=lambda command, env: subprocess.Popen(command, env=env, stdout=subprocess.PIPE),
+    )
     supervisor.start()
     assert supervisor.slots[0].process.stdout.readline() == b"up\n"  # it ignores SIGTERM from now on
     supervisor.stop()

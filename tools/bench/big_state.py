@@ -43,7 +43,7 @@ from pipeline import settings as settings_module
 from pipeline.kafka.clients import client_config, producer_config, restore_consumer_config
 from pipeline.serde import JSON
 from pipeline.state import PartitionState
-from pipeline.state.restore import RestoreManager
+from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_writer import write_snapshot
 from tools.bench import snapshots
 
@@ -80,19 +80,33 @@ def write_snapshot_once(bootstrap: str, app_id: str, keys: int) -> dict:
     before = rss_bytes()
     # One transaction for the whole snapshot: at the default TRANSACTION_TIMEOUT_MS (10 s) a 9 M-entry snapshot on a
     # loaded machine was aborted by the broker (fenced) twice; the bench measures the write, so it allows 5 minutes.
-    settings = settings_module.load(env={}, bootstrap_servers=bootstrap, app_id=app_id,
-                                    transaction_timeout_ms=300_000)
+    settings = settings_module.load(env={}, bootstrap_servers=bootstrap, app_id=app_id, transaction_timeout_ms=300_000)
     producer = Producer(producer_config(settings, f"{app_id}.snapshot"))
     producer.init_transactions(30)
     producer.begin_transaction()
     started = time.monotonic()
-    manifest = write_snapshot(producer, app_id=app_id, snapshot_topic=f"{app_id}-snapshots",
-                              changelog_topic=f"{app_id}-changelog", partition=0, entries=state.encoded_items(),
-                              changelog_offset=0, input_offset=keys, base=None, timeout_s=600)
+    manifest = write_snapshot(
+        producer,
+        app_id=app_id,
+        snapshot_topic=f"{app_id}-snapshots",
+        changelog_topic=f"{app_id}-changelog",
+        partition=0,
+        entries=state.encoded_items(),
+        changelog_offset=0,
+        input_offset=keys,
+        base=None,
+        timeout_s=600,
+    )
     producer.commit_transaction(120)
     seconds = time.monotonic() - started
-    return {"seconds": seconds, "entries": manifest.entries, "chunks": manifest.chunks, "bytes": manifest.bytes,
-            "state_rss": before, "peak_rss": peak_rss_bytes()}
+    return {
+        "seconds": seconds,
+        "entries": manifest.entries,
+        "chunks": manifest.chunks,
+        "bytes": manifest.bytes,
+        "state_rss": before,
+        "peak_rss": peak_rss_bytes(),
+    }
 
 
 def tail_changes(first: int, n: int) -> Iterator[tuple[bytes, bytes]]:
@@ -103,9 +117,11 @@ def tail_changes(first: int, n: int) -> Iterator[tuple[bytes, bytes]]:
 def prepare(bootstrap: str, snapshot_keys: int, tail: int) -> tuple[snapshots.App, dict]:
     app = snapshots.create(bootstrap, 1)  # topics bench-snap-1x-<id>-{changelog,snapshots}, deleted at the end
     written = in_fresh_process(write_snapshot_once, bootstrap, app.app_id, snapshot_keys)
-    log(f"snapshot of {written['entries']:,} entries: {written['chunks']} chunks, {written['bytes'] / MIB:.0f} MiB, "
+    log(
+        f"snapshot of {written['entries']:,} entries: {written['chunks']} chunks, {written['bytes'] / MIB:.0f} MiB, "
         f"{written['seconds']:.1f} s, writer peak RSS {written['peak_rss'] / MIB:.0f} MiB "
-        f"(state alone {written['state_rss'] / MIB:.0f} MiB)")
+        f"(state alone {written['state_rss'] / MIB:.0f} MiB)"
+    )
     app.next_input = snapshot_keys  # the checkpoints of the tail go on from the input the snapshot covers
     snapshots.write(bootstrap, app, tail_changes(snapshot_keys, tail), tail)
     return app, written
@@ -127,9 +143,15 @@ def accounting(state: PartitionState) -> dict:
 
 def restore_once(bootstrap: str, app_id: str, committed: int) -> dict:
     settings = settings_for(bootstrap, app_id)
-    manager = RestoreManager(settings, f"{app_id}-changelog", f"{app_id}-snapshots", JSON,
-                             lambda: Consumer(restore_consumer_config(settings, f"{app_id}.restore")),
-                             lambda: AdminClient(client_config(settings)), AdminClient(client_config(settings)))
+    manager = RestoreManager(
+        settings,
+        f"{app_id}-changelog",
+        f"{app_id}-snapshots",
+        JSON,
+        lambda: Consumer(restore_consumer_config(settings, f"{app_id}.restore")),
+        lambda: AdminClient(client_config(settings)),
+        AdminClient(client_config(settings)),
+    )
     gc.collect()
     before = rss_bytes()
     started = time.monotonic()
@@ -148,11 +170,21 @@ def restore_once(bootstrap: str, app_id: str, committed: int) -> dict:
     with contextlib.suppress(OSError, AttributeError):  # glibc: what of `after` is freed heap kept by malloc
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         trimmed = rss_bytes()
-    return {"rss_trimmed": trimmed,
-            "seconds": seconds, "snapshot_s": job.snapshot_seconds, "tail_s": job.tail_seconds, "steps": steps,
-            "longest_step_s": longest, "keys": len(job.state), "snapshot_entries": job.snapshot_entries,
-            "changelog_records": job.records, "rss_before": before, "rss_after": after, "peak_rss": peak,
-            "objects": accounting(job.state)}
+    return {
+        "rss_trimmed": trimmed,
+        "seconds": seconds,
+        "snapshot_s": job.snapshot_seconds,
+        "tail_s": job.tail_seconds,
+        "steps": steps,
+        "longest_step_s": longest,
+        "keys": len(job.state),
+        "snapshot_entries": job.snapshot_entries,
+        "changelog_records": job.records,
+        "rss_before": before,
+        "rss_after": after,
+        "peak_rss": peak,
+        "objects": accounting(job.state),
+    }
 
 
 def in_fresh_process(function: Callable[..., dict], *arguments: object) -> dict:
@@ -189,13 +221,19 @@ def summary(runs: list[dict]) -> list[str]:
 
 
 def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message} (load {' '.join(f'{x:.2f}' for x in os.getloadavg())})",
-          file=sys.stderr, flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {message} (load {' '.join(f'{x:.2f}' for x in os.getloadavg())})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.big_state", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.big_state",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--snapshot-keys", type=int, default=9_000_000)
     parser.add_argument("--tail", type=int, default=1_000_000)
@@ -217,10 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             for future in admin.delete_topics(topics, request_timeout=30).values():
                 future.result(30)
     print("\n".join(summary(runs)))
-    print(f"snapshot written (write_snapshot, one transaction): {written['entries']:,} entries, {written['chunks']} "
-          f"chunks, {written['bytes'] / MIB:.0f} MiB in {written['seconds']:.1f} s = "
-          f"{written['entries'] / written['seconds']:,.0f} entries/s; writer RSS {written['state_rss'] / MIB:.0f} MiB "
-          f"with the state, peak {written['peak_rss'] / MIB:.0f} MiB")
+    print(
+        f"snapshot written (write_snapshot, one transaction): {written['entries']:,} entries, {written['chunks']} "
+        f"chunks, {written['bytes'] / MIB:.0f} MiB in {written['seconds']:.1f} s = "
+        f"{written['entries'] / written['seconds']:,.0f} entries/s; writer RSS {written['state_rss'] / MIB:.0f} MiB "
+        f"with the state, peak {written['peak_rss'] / MIB:.0f} MiB"
+    )
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"written": written, "restores": runs}, out, indent=2)

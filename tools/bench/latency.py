@@ -94,13 +94,21 @@ class Result:
 
 
 # -- processes ---------------------------------------------------------------------------------------------------------
-def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float, window_start: float,
-                  done: multiprocessing.Queue) -> None:
+def produce_paced(
+    bootstrap: str, topic: str, rate: float, seconds: float, window_start: float, done: multiprocessing.Queue
+) -> None:
     """Runs in its own process: `rate` records/s for `seconds` (rate 0: `seconds` records, as fast as possible),
     round robin over the partitions, each value stamped with its produce time. Puts (records produced, of which
     stamped at or after `window_start`)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all", "enable.idempotence": True,
-                         "queue.buffering.max.messages": 1_000_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 0,
+            "acks": "all",
+            "enable.idempotence": True,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
     pad = b"x" * (VALUE_SIZE - STAMP.size)
     total = int(rate * seconds) if rate else int(seconds)
     started, n, in_window = time.time(), 0, 0
@@ -122,12 +130,14 @@ def produce_paced(bootstrap: str, topic: str, rate: float, seconds: float, windo
     done.put((n, in_window))
 
 
-def start_producer(bootstrap: str, topic: str, rate: float, seconds: float,
-                   window_start: float = 0.0) -> tuple[multiprocessing.Process, multiprocessing.Queue]:
+def start_producer(
+    bootstrap: str, topic: str, rate: float, seconds: float, window_start: float = 0.0
+) -> tuple[multiprocessing.Process, multiprocessing.Queue]:
     context = multiprocessing.get_context("spawn")  # no fork of a process with librdkafka threads
     done = context.Queue()
-    process = context.Process(target=produce_paced, args=(bootstrap, topic, rate, seconds, window_start, done),
-                              daemon=True)
+    process = context.Process(
+        target=produce_paced, args=(bootstrap, topic, rate, seconds, window_start, done), daemon=True
+    )
     process.start()
     return process, done
 
@@ -158,20 +168,40 @@ class Pipeline:
     metrics_port: int
 
     @classmethod
-    def start(cls, tree: Path, bootstrap: str, app_id: str, topics: tuple[str, str], cell: Cell,
-              extra_env: Mapping[str, str], log_dir: Path) -> Pipeline:
-        env = {**os.environ, **extra_env, "PYTHONPATH": str(tree), "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
-               "PIPELINE_APP_ID": app_id, "PIPELINE_INPUT_TOPIC": topics[0], "PIPELINE_OUTPUT_TOPIC": topics[1],
-               "PIPELINE_PROCESSING_GUARANTEE": GUARANTEES[cell.guarantee],
-               "PIPELINE_COMMIT_INTERVAL_MS": str(cell.interval_ms)}
+    def start(
+        cls,
+        tree: Path,
+        bootstrap: str,
+        app_id: str,
+        topics: tuple[str, str],
+        cell: Cell,
+        extra_env: Mapping[str, str],
+        log_dir: Path,
+    ) -> Pipeline:
+        env = {
+            **os.environ,
+            **extra_env,
+            "PYTHONPATH": str(tree),
+            "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
+            "PIPELINE_APP_ID": app_id,
+            "PIPELINE_INPUT_TOPIC": topics[0],
+            "PIPELINE_OUTPUT_TOPIC": topics[1],
+            "PIPELINE_PROCESSING_GUARANTEE": GUARANTEES[cell.guarantee],
+            "PIPELINE_COMMIT_INTERVAL_MS": str(cell.interval_ms),
+        }
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             env["PIPELINE_METRICS_PORT"] = str(port := probe.getsockname()[1])
         log_path = log_dir / f"{app_id}.log"
         with open(log_path, "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "pipeline", "--log-level", "warning", "run",
-                                        "pipeline.examples.copier:app"], cwd=tree, env=env, stdout=out,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pipeline", "--log-level", "warning", "run", "pipeline.examples.copier:app"],
+                cwd=tree,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         return cls(process, log_path, port)
 
     def end_to_end_histogram(self) -> Histogram | None:
@@ -213,9 +243,15 @@ class Reader:
     """read_committed consumer of the output: (receive time, produce stamp) of every record, as it arrives."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"latency-reader-{uuid.uuid4().hex}",
-                                  "isolation.level": "read_committed", "enable.auto.commit": False,
-                                  "fetch.wait.max.ms": 5})  # the reader's own wait must not be measured
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"latency-reader-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+            }
+        )  # the reader's own wait must not be measured
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
 
     def read(self, timeout_s: float) -> Iterator[tuple[float, float]]:
@@ -257,8 +293,9 @@ class Bench:
         beforehand gives a higher figure that the paced runs could not reach on the same cores)."""
         with self.topics(tree_name, cell) as (app_id, in_topic, out_topic):
             reader = Reader(self.bootstrap, out_topic)
-            pipeline = Pipeline.start(tree, self.bootstrap, app_id, (in_topic, out_topic), cell, self.extra_env,
-                                      self.log_dir)
+            pipeline = Pipeline.start(
+                tree, self.bootstrap, app_id, (in_topic, out_topic), cell, self.extra_env, self.log_dir
+            )
             try:
                 self._wait_ready(pipeline, reader, in_topic)
                 producer, _ = start_producer(self.bootstrap, in_topic, 0, records)
@@ -277,8 +314,9 @@ class Bench:
                 pipeline.stop()
                 reader.close()
 
-    def latency(self, tree: Path, tree_name: str, cell: Cell, rate: int, seconds: float,
-                warmup_s: float, producers: str = "") -> Result:
+    def latency(
+        self, tree: Path, tree_name: str, cell: Cell, rate: int, seconds: float, warmup_s: float, producers: str = ""
+    ) -> Result:
         result = Result(tree_name, cell, rate, load=(os.getloadavg()[0], 0.0), producers=producers)
         env = {**self.extra_env, "PIPELINE_PRODUCERS": producers} if producers else self.extra_env
         with self.topics(tree_name, cell) as (app_id, in_topic, out_topic):
@@ -333,18 +371,21 @@ class Bench:
 def _after(moment: float, probe: Callable[[], Histogram | None]) -> Callable[[], Histogram | None]:
     """probe() taken once `moment` (wall clock) has passed, on a thread: the reader must not stop meanwhile."""
     taken: list[Histogram | None] = []
-    thread = threading.Thread(target=lambda: (time.sleep(max(0.0, moment - time.time())), taken.append(probe())),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: (time.sleep(max(0.0, moment - time.time())), taken.append(probe())), daemon=True
+    )
     thread.start()
 
     def result() -> Histogram | None:
         thread.join()
         return taken[0] if taken else None
+
     return result
 
 
-def _measure(reader: Reader, producer: multiprocessing.Process, done: multiprocessing.Queue,
-             window_start: float) -> tuple[int, list[float]]:
+def _measure(
+    reader: Reader, producer: multiprocessing.Process, done: multiprocessing.Queue, window_start: float
+) -> tuple[int, list[float]]:
     """Reads until every produced record came out (or DRAIN_TIMEOUT_S after the producer finished); returns the
     number of records produced in the window and the latencies (ms) of those that came out."""
     latencies: list[float] = []
@@ -400,8 +441,17 @@ def parse_rates(spec: Sequence[str]) -> dict[str, float]:
     return rates
 
 
-def run(bench: Bench, trees: Mapping[str, Path], chosen: Sequence[Cell], max_rates: dict[str, float],
-        seconds: float, warmup_s: float, repeat: int, floor: bool, producers: Sequence[str] = ("",)) -> list[Result]:
+def run(
+    bench: Bench,
+    trees: Mapping[str, Path],
+    chosen: Sequence[Cell],
+    max_rates: dict[str, float],
+    seconds: float,
+    warmup_s: float,
+    repeat: int,
+    floor: bool,
+    producers: Sequence[str] = ("",),
+) -> list[Result]:
     """The maximum of a cell is measured with the last tree and the pipeline's default PRODUCERS; every tree and
     PRODUCERS value then runs at the same rate."""
     results = []
@@ -409,8 +459,11 @@ def run(bench: Bench, trees: Mapping[str, Path], chosen: Sequence[Cell], max_rat
     for cell in chosen:
         if cell.key not in max_rates:
             max_rates[cell.key] = bench.max_rate(trees[max_tree], max_tree, cell)
-            print(f"max {cell.key} ({max_tree}): {max_rates[cell.key]:,.0f} rec/s, load {os.getloadavg()[0]:.1f}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"max {cell.key} ({max_tree}): {max_rates[cell.key]:,.0f} rec/s, load {os.getloadavg()[0]:.1f}",
+                file=sys.stderr,
+                flush=True,
+            )
         rate = int(max_rates[cell.key] * cell.load_percent / 100)
         for _ in range(repeat):
             for name, tree in trees.items():  # alternating, so that a burst of load elsewhere hits every tree alike
@@ -431,25 +484,32 @@ def _ms(value: float | None) -> str:
 def row(r: Result) -> str:
     c = r.cell
     code = f"{r.tree} ({r.producers})" if r.producers else r.tree
-    return (f"| {code} | {GUARANTEES[c.guarantee]} | {c.interval_ms} ms | {c.load_percent} % ({r.rate:,}/s) "
-            f"| {len(r.latencies_ms):,} | {_ms(r.percentile(0.5))} | {_ms(r.percentile(0.99))} "
-            f"| {_ms(r.percentile(0.999))} | {_ms(max(r.latencies_ms, default=None))} | {r.missing:,} "
-            f"| {r.metric} | {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else ""))
+    return (
+        f"| {code} | {GUARANTEES[c.guarantee]} | {c.interval_ms} ms | {c.load_percent} % ({r.rate:,}/s) "
+        f"| {len(r.latencies_ms):,} | {_ms(r.percentile(0.5))} | {_ms(r.percentile(0.99))} "
+        f"| {_ms(r.percentile(0.999))} | {_ms(max(r.latencies_ms, default=None))} | {r.missing:,} "
+        f"| {r.metric} | {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else "")
+    )
 
 
 def table(results: Sequence[Result], max_rates: Mapping[str, float]) -> str:
-    lines = ["| code | guarantee | commit interval | load (rate) | records | p50 ms | p99 ms | p99.9 ms | max ms "
-             "| not seen | metric mean / p99 ms | load avg start / end |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = [
+        "| code | guarantee | commit interval | load (rate) | records | p50 ms | p99 ms | p99.9 ms | max ms "
+        "| not seen | metric mean / p99 ms | load avg start / end |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
     lines += [row(r) for r in results]
-    lines += ["", "Maximum throughput (records/s, backlog): " +
-              ", ".join(f"{k} {v:,.0f}" for k, v in max_rates.items())]
+    lines += [
+        "",
+        "Maximum throughput (records/s, backlog): " + ", ".join(f"{k} {v:,.0f}" for k, v in max_rates.items()),
+    ]
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.latency", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.latency", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--only", default="", help="guarantee@interval cells, e.g. eos@100,alo@100 (default all)")
     parser.add_argument("--intervals", default="20,100,1000", help="commit intervals in ms (default 20,100,1000)")
@@ -457,16 +517,38 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run (default 20)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before measuring (default 3)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell and tree")
-    parser.add_argument("--trees", default=".", help="name=path,... code trees to compare, alternating per cell "
-                        "(default: this checkout); the maximum throughput is measured with the last one")
-    parser.add_argument("--max-rate", action="append", default=[], metavar="CELL=RATE",
-                        help="maximum throughput of a cell, e.g. eos@100=60000 (skips measuring it)")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment of the pipeline process, e.g. PIPELINE_GROUP_PROTOCOL=consumer")
-    parser.add_argument("--producers", default="", help="PRODUCERS values of the pipeline, comma-separated, "
-                        "alternating per cell like the trees, e.g. per_partition,per_process (default: its default)")
-    parser.add_argument("--floor", action="store_true", help="after each cell, the producer and reader alone (no "
-                        "pipeline) at the same rate: the machine's and the measurement's share")
+    parser.add_argument(
+        "--trees",
+        default=".",
+        help="name=path,... code trees to compare, alternating per cell "
+        "(default: this checkout); the maximum throughput is measured with the last one",
+    )
+    parser.add_argument(
+        "--max-rate",
+        action="append",
+        default=[],
+        metavar="CELL=RATE",
+        help="maximum throughput of a cell, e.g. eos@100=60000 (skips measuring it)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the pipeline process, e.g. PIPELINE_GROUP_PROTOCOL=consumer",
+    )
+    parser.add_argument(
+        "--producers",
+        default="",
+        help="PRODUCERS values of the pipeline, comma-separated, "
+        "alternating per cell like the trees, e.g. per_partition,per_process (default: its default)",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="after each cell, the producer and reader alone (no "
+        "pipeline) at the same rate: the machine's and the measurement's share",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser
 
@@ -482,8 +564,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="latency-") as log_dir:
         bench = Bench(args.bootstrap_servers, Path(log_dir), extra_env)
         producers = [p.strip() for p in args.producers.split(",") if p.strip()] or [""]
-        results = run(bench, parse_trees(args.trees), chosen, max_rates, args.seconds, args.warmup,
-                      max(1, args.repeat), args.floor, producers)
+        results = run(
+            bench,
+            parse_trees(args.trees),
+            chosen,
+            max_rates,
+            args.seconds,
+            args.warmup,
+            max(1, args.repeat),
+            args.floor,
+            producers,
+        )
     print(table(results, max_rates))
     print(f"\n(bench took {time.monotonic() - started:.0f}s)", file=sys.stderr)
     return 1 if any(r.error for r in results) else 0

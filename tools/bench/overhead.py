@@ -47,9 +47,17 @@ class Overhead:
 
 def messages_for(app: App, records: int) -> list[Message]:
     generated = app.generate(records, 1, 0) if app.generate else []
-    return [Message(topic=app.input_topic, partition=0, offset=i, key=key, value=value,
-                    timestamp=(1, timestamp[0] if timestamp else 0))
-            for i, (_, key, value, *timestamp) in enumerate(generated)]
+    return [
+        Message(
+            topic=app.input_topic,
+            partition=0,
+            offset=i,
+            key=key,
+            value=value,
+            timestamp=(1, timestamp[0] if timestamp else 0),
+        )
+        for i, (_, key, value, *timestamp) in enumerate(generated)
+    ]
 
 
 def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
@@ -59,15 +67,25 @@ def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
     best, produced = float("inf"), 0
     for _ in range(passes):
         producer = NullProducer()
-        ctx = TaskContext(app, settings, "overhead", app.input_topic, app.output_topic, "overhead-changelog",
-                          "overhead-dlq", None, lambda _, p=producer: p, Metrics())
+        ctx = TaskContext(
+            app,
+            settings,
+            "overhead",
+            app.input_topic,
+            app.output_topic,
+            "overhead-changelog",
+            "overhead-dlq",
+            None,
+            lambda _, p=producer: p,
+            Metrics(),
+        )
         task = PartitionTask(ctx, 0)
         task.start(0)
         if task.phase is Phase.RESTORING:
             task.restored(task.state, None, None)  # no restore: the state starts empty
         started = time.perf_counter()
         for i in range(0, len(messages), BATCH):
-            task.process(messages[i:i + BATCH])
+            task.process(messages[i : i + BATCH])
             task.state.commit()  # what a commit does to the state; the changelog writes are not counted
             task._in_transaction = False
         best = min(best, time.perf_counter() - started)

@@ -70,8 +70,9 @@ class Sample:
         return statistics.median(window) if window else 0.0
 
     def write(self, path: Path, started: float) -> None:
-        path.write_text("seconds,threads,rss_mb\n" + "".join(f"{t - started:.2f},{n},{rss:.1f}\n"
-                                                            for t, n, rss in self.timeline))
+        path.write_text(
+            "seconds,threads,rss_mb\n" + "".join(f"{t - started:.2f},{n},{rss:.1f}\n" for t, n, rss in self.timeline)
+        )
 
 
 @dataclass
@@ -176,18 +177,24 @@ class Bench:
         result = RunResult(partitions, producers, None, load=(os.getloadavg()[0], 0.0))
         progress = CommittedProgress(self.bootstrap, app_id, self.input_topic(partitions), partitions)
         started = time.monotonic()
-        instance = latency.Pipeline.start(Path.cwd(), self.bootstrap, app_id, (self.input_topic(partitions), out_topic),
-                                          latency.Cell("eos", self.interval_ms, 0),
-                                          {**self.extra_env, "PIPELINE_PRODUCERS": producers}, self.log_dir)
+        instance = latency.Pipeline.start(
+            Path.cwd(),
+            self.bootstrap,
+            app_id,
+            (self.input_topic(partitions), out_topic),
+            latency.Cell("eos", self.interval_ms, 0),
+            {**self.extra_env, "PIPELINE_PRODUCERS": producers},
+            self.log_dir,
+        )
         watcher = ProcWatcher(instance.process.pid)
         try:
-            measured = throughput.measure(progress, self.records, InstanceLiveness(instance), self.timeout_s,
-                                          sample_s=SAMPLE_S)
+            measured = throughput.measure(
+                progress, self.records, InstanceLiveness(instance), self.timeout_s, sample_s=SAMPLE_S
+            )
             result.rate, result.seconds, result.error = measured.rate, measured.seconds, measured.error
             result.startup_s = (progress.first_seen or started) - started
             watcher.read()
-            watcher.sample.rss_window_mb = watcher.sample.rss_between(progress.first_seen or started,
-                                                                      time.monotonic())
+            watcher.sample.rss_window_mb = watcher.sample.rss_between(progress.first_seen or started, time.monotonic())
         except throughput.BenchError as e:
             result.error = str(e)
         finally:
@@ -195,8 +202,11 @@ class Bench:
             result.proc.write(self.log_dir / f"{app_id}.proc.csv", started)
             instance.stop()
             progress.close()
-            result.warnings = [line for line in instance.log_path.read_text(errors="replace").splitlines()
-                               if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+            result.warnings = [
+                line
+                for line in instance.log_path.read_text(errors="replace").splitlines()
+                if " WARNING " in line or " ERROR " in line or "Traceback" in line
+            ]
             latency.cleanup(self.bootstrap, app_id)
         result.load = (result.load[0], os.getloadavg()[0])
         return result
@@ -220,21 +230,26 @@ def median_rate(results: Sequence[RunResult]) -> float | None:
 
 
 def row(r: RunResult) -> str:
-    return (f"| {r.partitions} | {r.producers} | {throughput._rate(r.rate)} | {r.seconds:.1f} | {r.startup_s:.1f} "
-            f"| {r.proc.peak_threads} | {r.proc.hwm_mb:.0f} | {r.proc.rss_window_mb:.0f} | {len(r.warnings)} "
-            f"| {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else ""))
+    return (
+        f"| {r.partitions} | {r.producers} | {throughput._rate(r.rate)} | {r.seconds:.1f} | {r.startup_s:.1f} "
+        f"| {r.proc.peak_threads} | {r.proc.hwm_mb:.0f} | {r.proc.rss_window_mb:.0f} | {len(r.warnings)} "
+        f"| {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else "")
+    )
 
 
 def summary(results: Sequence[RunResult], partitions: Sequence[int], producers: Sequence[str]) -> list[str]:
     """Medians per partition count and mode, and the ratios: N partitions / the smallest count, per_process /
     per_partition (the median rates of the same sitting)."""
-    cells = {(n, p): [r for r in results if r.partitions == n and r.producers == p] for n in partitions
-             for p in producers}
+    cells = {
+        (n, p): [r for r in results if r.partitions == n and r.producers == p] for n in partitions for p in producers
+    }
     base = partitions[0]
-    lines = [f"| partitions | producers | rec/s (median) | x {base} partitions | per_process / per_partition "
-             f"| peak threads | peak RSS MB (VmHWM) | peak RSS x {base} partitions | steady RSS MB "
-             f"| start-up s | every run rec/s |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"| partitions | producers | rec/s (median) | x {base} partitions | per_process / per_partition "
+        f"| peak threads | peak RSS MB (VmHWM) | peak RSS x {base} partitions | steady RSS MB "
+        f"| start-up s | every run rec/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for (n, p), runs in cells.items():
         rate, base_rate = median_rate(runs), median_rate(cells[(base, p)])
         other = median_rate(cells.get((n, PER_PARTITION), []))
@@ -247,15 +262,25 @@ def summary(results: Sequence[RunResult], partitions: Sequence[int], producers: 
             f"| {_fmt(hwm / base_hwm if hwm and base_hwm else None, '.2f')} "
             f"| {_fmt(_median([r.proc.rss_window_mb for r in runs if r.rate]))} "
             f"| {_fmt(_median([r.startup_s for r in runs if r.rate]), '.1f')} "
-            f"| {' / '.join(throughput._rate(r.rate) for r in runs)} |")
+            f"| {' / '.join(throughput._rate(r.rate) for r in runs)} |"
+        )
     return lines
 
 
 def report(results: Sequence[RunResult], partitions: Sequence[int], producers: Sequence[str]) -> str:
-    header = ("| partitions | producers | rec/s | measured s | start-up s | peak threads | peak RSS MB | steady RSS MB "
-              "| warning lines | load avg start / end |")
-    lines = [*summary(results, partitions, producers), "", "Every run, in order:", "", header,
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|", *(row(r) for r in results)]
+    header = (
+        "| partitions | producers | rec/s | measured s | start-up s | peak threads | peak RSS MB | steady RSS MB "
+        "| warning lines | load avg start / end |"
+    )
+    lines = [
+        *summary(results, partitions, producers),
+        "",
+        "Every run, in order:",
+        "",
+        header,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        *(row(r) for r in results),
+    ]
     warned = [r for r in results if r.warnings]
     if warned:
         lines += ["", "Instance log lines at WARNING and above (first 3 per run):"]
@@ -265,20 +290,39 @@ def report(results: Sequence[RunResult], partitions: Sequence[int], producers: S
 
 # -- command line ------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.partitions", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.partitions",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--partitions", default="3,48,192,384", help="input partition counts (default 3,48,192,384); "
-                        "the first is the base of the ratios")
+    parser.add_argument(
+        "--partitions",
+        default="3,48,192,384",
+        help="input partition counts (default 3,48,192,384); the first is the base of the ratios",
+    )
     parser.add_argument("--producers", default=",".join(PRODUCERS), help="PRODUCERS values, alternating per run")
-    parser.add_argument("--records", type=int, default=DEFAULT_RECORDS, help="input records per partition count "
-                        f"(default {DEFAULT_RECORDS:,})")
+    parser.add_argument(
+        "--records",
+        type=int,
+        default=DEFAULT_RECORDS,
+        help=f"input records per partition count (default {DEFAULT_RECORDS:,})",
+    )
     parser.add_argument("--interval", type=int, default=100, help="COMMIT_INTERVAL_MS (default 100)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3); medians are reported")
-    parser.add_argument("--timeout", type=float, default=0.0, help="seconds allowed for one run's records "
-                        "(default: 60 + records / 5,000)")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment of the instance, e.g. PIPELINE_GROUP_PROTOCOL=consumer")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="seconds allowed for one run's records (default: 60 + records / 5,000)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the instance, e.g. PIPELINE_GROUP_PROTOCOL=consumer",
+    )
     parser.add_argument("--log-dir", default="", help="keep the instances' logs here (default: a temporary directory)")
     parser.add_argument("--log-level", default="warning")
     return parser
@@ -294,8 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-partitions-") as tmp:
         log_dir = Path(args.log_dir or tmp)
         log_dir.mkdir(parents=True, exist_ok=True)
-        bench = Bench(args.bootstrap_servers, args.records, args.interval, log_dir,
-                      dict(item.split("=", 1) for item in args.env), args.timeout or 60 + args.records / 5_000)
+        bench = Bench(
+            args.bootstrap_servers,
+            args.records,
+            args.interval,
+            log_dir,
+            dict(item.split("=", 1) for item in args.env),
+            args.timeout or 60 + args.records / 5_000,
+        )
         results: list[RunResult] = []
         started, before = time.monotonic(), throughput.load_line("before")
         try:

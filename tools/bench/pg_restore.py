@@ -79,9 +79,19 @@ def child(dsn: str, schema: str, mode: str, step_ms: int) -> dict:
         keys = len(worker.state)
     after = rss_mb()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"mode": mode, "keys": keys, "seconds": seconds, "rows_per_s": keys / seconds, "steps": steps,
-            "longest_step_ms": longest * 1000, "rss_before_mb": before, "rss_after_mb": after, "peak_rss_mb": peak,
-            "bytes_per_key": (after - before) * 1024 * 1024 / max(keys, 1), "loadavg": os.getloadavg()[0]}
+    return {
+        "mode": mode,
+        "keys": keys,
+        "seconds": seconds,
+        "rows_per_s": keys / seconds,
+        "steps": steps,
+        "longest_step_ms": longest * 1000,
+        "rss_before_mb": before,
+        "rss_after_mb": after,
+        "peak_rss_mb": peak,
+        "bytes_per_key": (after - before) * 1024 * 1024 / max(keys, 1),
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 def single_statement(pool: psycopg_pool.ConnectionPool, schema: str, state: PartitionState) -> float:
@@ -110,33 +120,54 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.dsn, args.child[0], args.child[1], args.restore_step_ms)))
         return 0
     schema = f"bench_restore_{uuid.uuid4().hex[:8]}"
-    print(f"filling {args.keys:,} state rows of p0 (COPY) into {schema}: {fill(args.dsn, schema, args.keys):.1f}s",
-          flush=True)
+    print(
+        f"filling {args.keys:,} state rows of p0 (COPY) into {schema}: {fill(args.dsn, schema, args.keys):.1f}s",
+        flush=True,
+    )
     results: dict[str, list[dict]] = {mode: [] for mode in args.modes.split(",")}
     try:
         for run in range(args.runs):
             for mode in results:  # interleaved: both modes see the same moments of a shared machine
-                done = subprocess.run([sys.executable, "-m", "tools.bench.pg_restore", "--dsn", args.dsn,
-                                       "--restore-step-ms", str(args.restore_step_ms), "--child", schema, mode],
-                                      check=True, capture_output=True, text=True)
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tools.bench.pg_restore",
+                        "--dsn",
+                        args.dsn,
+                        "--restore-step-ms",
+                        str(args.restore_step_ms),
+                        "--child",
+                        schema,
+                        mode,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 result = json.loads(done.stdout)
                 results[mode].append(result)
-                print(f"run {run + 1} {mode:<8} {result['seconds']:6.2f}s {result['rows_per_s']:>10,.0f} rows/s "
-                      f"RSS +{result['rss_after_mb'] - result['rss_before_mb']:.0f} MB "
-                      f"({result['bytes_per_key']:.0f} B/key, peak {result['peak_rss_mb']:.0f} MB) "
-                      f"{result['steps']} steps, longest {result['longest_step_ms']:.0f} ms, "
-                      f"load {result['loadavg']:.2f}", flush=True)
+                print(
+                    f"run {run + 1} {mode:<8} {result['seconds']:6.2f}s {result['rows_per_s']:>10,.0f} rows/s "
+                    f"RSS +{result['rss_after_mb'] - result['rss_before_mb']:.0f} MB "
+                    f"({result['bytes_per_key']:.0f} B/key, peak {result['peak_rss_mb']:.0f} MB) "
+                    f"{result['steps']} steps, longest {result['longest_step_ms']:.0f} ms, "
+                    f"load {result['loadavg']:.2f}",
+                    flush=True,
+                )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     print(f"\nmedians of {args.runs} runs, {args.keys:,} keys, RESTORE_STEP_MS={args.restore_step_ms}:")
     for mode, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "mode"}
-        print(f"  {mode:<8} {med['seconds']:.2f}s  {med['rows_per_s']:,.0f} rows/s  RSS +"
-              f"{med['rss_after_mb'] - med['rss_before_mb']:.0f} MB ({med['bytes_per_key']:.0f} B/key), peak "
-              f"{med['peak_rss_mb']:.0f} MB; longest pause of the poll loop {med['longest_step_ms']:.0f} ms; "
-              f"load average {med['loadavg']:.2f} (range {min(r['loadavg'] for r in rows):.2f}-"
-              f"{max(r['loadavg'] for r in rows):.2f})")
+        print(
+            f"  {mode:<8} {med['seconds']:.2f}s  {med['rows_per_s']:,.0f} rows/s  RSS +"
+            f"{med['rss_after_mb'] - med['rss_before_mb']:.0f} MB ({med['bytes_per_key']:.0f} B/key), peak "
+            f"{med['peak_rss_mb']:.0f} MB; longest pause of the poll loop {med['longest_step_ms']:.0f} ms; "
+            f"load average {med['loadavg']:.2f} (range {min(r['loadavg'] for r in rows):.2f}-"
+            f"{max(r['loadavg'] for r in rows):.2f})"
+        )
     return 0
 
 

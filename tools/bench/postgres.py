@@ -51,28 +51,44 @@ class Result:
     seconds: float  # first record committed to the last one
 
     def row(self) -> str:
-        return (f"| {self.mode:<4} | {self.batch:>5} | {self.records:>7} | {self.rate:>10,.0f} "
-                f"| {self.mean_batch:>10,.0f} | {self.seconds:>7.1f} |")
+        return (
+            f"| {self.mode:<4} | {self.batch:>5} | {self.records:>7} | {self.rate:>10,.0f} "
+            f"| {self.mean_batch:>10,.0f} | {self.seconds:>7.1f} |"
+        )
 
 
-HEADER = ("| mode | batch | records | records/s  | mean batch | seconds |\n"
-          "|------|------:|--------:|-----------:|-----------:|--------:|")
+HEADER = (
+    "| mode | batch | records | records/s  | mean batch | seconds |\n"
+    "|------|------:|--------:|-----------:|-----------:|--------:|"
+)
 
 
 def committed_transactions(metrics: Metrics) -> int:
-    return int(sum(s.value for m in metrics.transactions.collect() for s in m.samples
-                   if s.name.endswith("_total") and s.labels.get("outcome") == "committed"))
+    return int(
+        sum(
+            s.value
+            for m in metrics.transactions.collect()
+            for s in m.samples
+            if s.name.endswith("_total") and s.labels.get("outcome") == "committed"
+        )
+    )
 
 
 def run_one(mode: str, batch: int, args: argparse.Namespace, topic: str, total: int) -> Result:
     suffix = uuid.uuid4().hex[:8]
-    common = {"bootstrap_servers": args.bootstrap_servers, "app_id": f"bench-{mode}-{batch}-{suffix}",
-              "input_topic": topic, "commit_max_records": batch, "poll_max_records": batch,
-              "commit_interval_ms": 2000}
+    common = {
+        "bootstrap_servers": args.bootstrap_servers,
+        "app_id": f"bench-{mode}-{batch}-{suffix}",
+        "input_topic": topic,
+        "commit_max_records": batch,
+        "poll_max_records": batch,
+        "commit_interval_ms": 2000,
+    }
     if mode == "pg":
         schema = f"bench_{suffix}"
-        runner = PgRunner(running_totals_pg.app, Settings(**common, sink="postgres", postgres_dsn=args.dsn,
-                                                          postgres_schema=schema))
+        runner = PgRunner(
+            running_totals_pg.app, Settings(**common, sink="postgres", postgres_dsn=args.dsn, postgres_schema=schema)
+        )
 
         def committed() -> int:
             return sum(w.committed_offset or 0 for w in list(runner.workers.values()))
@@ -85,6 +101,7 @@ def run_one(mode: str, batch: int, args: argparse.Namespace, topic: str, total: 
 
         def committed() -> int:
             return sum(t.committed_offset or 0 for t in list(runner.tasks.values()))
+
     thread = threading.Thread(target=runner.run, name=f"bench-{mode}", daemon=True)
     thread.start()
     try:
@@ -99,8 +116,15 @@ def run_one(mode: str, batch: int, args: argparse.Namespace, topic: str, total: 
             AdminClient({"bootstrap.servers": args.bootstrap_servers}).delete_topics(topics)
 
 
-def measure(mode: str, batch: int, total: int, committed: Callable[[], int], metrics: Metrics,
-            thread: threading.Thread, timeout_s: float) -> Result:
+def measure(
+    mode: str,
+    batch: int,
+    total: int,
+    committed: Callable[[], int],
+    metrics: Metrics,
+    thread: threading.Thread,
+    timeout_s: float,
+) -> Result:
     deadline = time.monotonic() + timeout_s
     samples: list[tuple[float, int]] = []
     while True:
@@ -114,8 +138,14 @@ def measure(mode: str, batch: int, total: int, committed: Callable[[], int], met
     t10, c10 = next((t, c) for t, c in samples if c >= total * 0.1)
     t90, c90 = next((t, c) for t, c in samples if c >= total * 0.9)
     first = next(t for t, c in samples if c > 0)
-    return Result(mode, batch, total, (c90 - c10) / max(t90 - t10, 1e-9),
-                  total / max(committed_transactions(metrics), 1), samples[-1][0] - first)
+    return Result(
+        mode,
+        batch,
+        total,
+        (c90 - c10) / max(t90 - t10, 1e-9),
+        total / max(committed_transactions(metrics), 1),
+        samples[-1][0] - first,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     create_topics(args.bootstrap_servers, {topic: PARTITIONS})
     counts = produce_running_totals(args.bootstrap_servers, topic, args.records, partitions=PARTITIONS)
     total = sum(counts.values())
-    print(f"input: {total} running-totals records in {PARTITIONS} partitions ({topic}); load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"input: {total} running-totals records in {PARTITIONS} partitions ({topic}); load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     print(HEADER)
     try:
         for batch in (int(b) for b in args.batches.split(",")):

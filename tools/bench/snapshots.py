@@ -47,8 +47,10 @@ class App:
 def create(bootstrap: str, history: int) -> App:
     app = App(f"bench-snap-{history}x-{uuid.uuid4().hex[:6]}", history)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [NewTopic(f"{app.app_id}-changelog", 1, 1, config=CHANGELOG_CONFIG),
-              NewTopic(f"{app.app_id}-snapshots", 1, 1, config=SNAPSHOT_CONFIG)]
+    topics = [
+        NewTopic(f"{app.app_id}-changelog", 1, 1, config=CHANGELOG_CONFIG),
+        NewTopic(f"{app.app_id}-snapshots", 1, 1, config=SNAPSHOT_CONFIG),
+    ]
     for future in admin.create_topics(topics).values():
         future.result(30)
     return app
@@ -56,9 +58,16 @@ def create(bootstrap: str, history: int) -> App:
 
 def write(bootstrap: str, app: App, changes, total: int) -> None:
     """Writes (key, value|None) changes to partition 0 in transactions of TXN_RECORDS + a checkpoint."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{app.app_id}.bench",
-                         "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
-                         "queue.buffering.max.kbytes": 512 * 1024})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"{app.app_id}.bench",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.kbytes": 512 * 1024,
+        }
+    )
     producer.init_transactions(30)
     topic = f"{app.app_id}-changelog"
     started = time.monotonic()
@@ -69,15 +78,25 @@ def write(bootstrap: str, app: App, changes, total: int) -> None:
         in_txn += 1
         if in_txn == TXN_RECORDS:
             app.next_input += in_txn
-            producer.produce(topic, Checkpoint("bench-in", 0, app.next_input).encode(), CHECKPOINT_KEY,
-                             partition=0, headers=[CHECKPOINT_HEADER])
+            producer.produce(
+                topic,
+                Checkpoint("bench-in", 0, app.next_input).encode(),
+                CHECKPOINT_KEY,
+                partition=0,
+                headers=[CHECKPOINT_HEADER],
+            )
             producer.commit_transaction(60)
             app.changelog_records += in_txn + 1
             in_txn = 0
             producer.begin_transaction()
     app.next_input += in_txn
-    producer.produce(topic, Checkpoint("bench-in", 0, app.next_input).encode(), CHECKPOINT_KEY, partition=0,
-                     headers=[CHECKPOINT_HEADER])
+    producer.produce(
+        topic,
+        Checkpoint("bench-in", 0, app.next_input).encode(),
+        CHECKPOINT_KEY,
+        partition=0,
+        headers=[CHECKPOINT_HEADER],
+    )
     producer.commit_transaction(60)
     app.changelog_records += in_txn + 1
     log(f"{app.app_id}: wrote {total} changes in {time.monotonic() - started:.1f}s")
@@ -100,14 +119,31 @@ def restore(bootstrap: str, app: App, with_snapshot: bool) -> dict:
     state = PartitionState()
 
     def consumer() -> Consumer:  # the runner's restore consumer
-        return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{app.app_id}.restore",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "auto.offset.reset": "error", "fetch.wait.max.ms": 10, "fetch.max.bytes": 64 * 1024 * 1024,
-                         "max.partition.fetch.bytes": 16 * 1024 * 1024})
+        return Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"{app.app_id}.restore",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",
+                "fetch.wait.max.ms": 10,
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            }
+        )
 
     started = time.monotonic()
-    job = ChangelogRestore(consumer, admin, f"{app.app_id}-changelog", 0, state, app.next_input, 3600, 30,
-                           snapshot_topic=f"{app.app_id}-snapshots" if with_snapshot else None)
+    job = ChangelogRestore(
+        consumer,
+        admin,
+        f"{app.app_id}-changelog",
+        0,
+        state,
+        app.next_input,
+        3600,
+        30,
+        snapshot_topic=f"{app.app_id}-snapshots" if with_snapshot else None,
+    )
     steps, longest = 0, 0.0
     while True:
         step_started = time.monotonic()
@@ -118,10 +154,19 @@ def restore(bootstrap: str, app: App, with_snapshot: bool) -> dict:
             break
     seconds = time.monotonic() - started
     job.close()
-    return {"app": app.app_id, "history": app.history, "snapshot": with_snapshot, "seconds": round(seconds, 2),
-            "keys": len(state), "snapshot_entries": job.snapshot_entries, "changelog_records": job.records,
-            "steps": steps, "longest_step_s": round(longest, 3), "snapshot_s": round(job.snapshot_seconds, 2),
-            "tail_s": round(job.tail_seconds, 2)}
+    return {
+        "app": app.app_id,
+        "history": app.history,
+        "snapshot": with_snapshot,
+        "seconds": round(seconds, 2),
+        "keys": len(state),
+        "snapshot_entries": job.snapshot_entries,
+        "changelog_records": job.records,
+        "steps": steps,
+        "longest_step_s": round(longest, 3),
+        "snapshot_s": round(job.snapshot_seconds, 2),
+        "tail_s": round(job.tail_seconds, 2),
+    }
 
 
 def log(message: str) -> None:
@@ -129,8 +174,11 @@ def log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.snapshots", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.snapshots",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--tail", type=int, default=100_000)
@@ -160,8 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             app.compaction_records = report.partitions[0].changelog_records
             rate = app.compaction_records / app.compaction_s
             log(f"compaction {app.history}x: {report.summary()}")
-            results["compaction"].append({"history": app.history, "records": app.compaction_records,
-                                          "seconds": round(app.compaction_s, 1), "records_per_s": round(rate)})
+            results["compaction"].append(
+                {
+                    "history": app.history,
+                    "records": app.compaction_records,
+                    "seconds": round(app.compaction_s, 1),
+                    "records_per_s": round(rate),
+                }
+            )
     finally:
         spark.stop()
     for app in apps:
@@ -174,20 +228,26 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\ncompaction (local[2], Kafka in and out):")
     for c in results["compaction"]:
-        print(f"  {c['history']:>2}x history: {c['records']:>10} changelog records in {c['seconds']:>6}s = "
-              f"{c['records_per_s']:>8} records/s")
+        print(
+            f"  {c['history']:>2}x history: {c['records']:>10} changelog records in {c['seconds']:>6}s = "
+            f"{c['records_per_s']:>8} records/s"
+        )
     print("restore (cold start, one partition):")
     base = {r["history"]: r for r in results["restore"] if r["snapshot"]}
     for r in results["restore"]:
         what = "snapshot + tail" if r["snapshot"] else "whole changelog"
         rate = f" (changelog {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} records/s)"
         if r["snapshot"]:
-            rate = (f" (snapshot {r['snapshot_s']}s = {r['snapshot_entries'] / max(r['snapshot_s'], 1e-9):,.0f} "
-                    f"entries/s, tail {r['tail_s']}s = {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} "
-                    "records/s)")
-        print(f"  {r['history']:>2}x history, {what:<16}: {r['seconds']:>6}s, {r['keys']} keys, "
-              f"{r['snapshot_entries']} snapshot entries + {r['changelog_records']} changelog records, longest step "
-              f"{r['longest_step_s']}s{rate}")
+            rate = (
+                f" (snapshot {r['snapshot_s']}s = {r['snapshot_entries'] / max(r['snapshot_s'], 1e-9):,.0f} "
+                f"entries/s, tail {r['tail_s']}s = {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} "
+                "records/s)"
+            )
+        print(
+            f"  {r['history']:>2}x history, {what:<16}: {r['seconds']:>6}s, {r['keys']} keys, "
+            f"{r['snapshot_entries']} snapshot entries + {r['changelog_records']} changelog records, longest step "
+            f"{r['longest_step_s']}s{rate}"
+        )
     if len(base) == 2:
         low, high = sorted(base)
         print(f"  snapshot restore {high}x vs {low}x history: {base[high]['seconds'] / base[low]['seconds']:.2f}x")

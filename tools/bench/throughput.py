@@ -137,10 +137,12 @@ def prepare(cell: Cell, mode: str, bootstrap: str) -> Run:
 def fill(run: Run) -> dict[int, int]:
     cell = run.cell
     if cell.workload == "copier":
-        return produce_copier(run.bootstrap, run.input_topic, cell.records, partitions=PARTITIONS,
-                              value_size=cell.value_size)
-    return produce_running_totals(run.bootstrap, run.input_topic, cell.records, partitions=PARTITIONS,
-                                  value_size=cell.value_size)
+        return produce_copier(
+            run.bootstrap, run.input_topic, cell.records, partitions=PARTITIONS, value_size=cell.value_size
+        )
+    return produce_running_totals(
+        run.bootstrap, run.input_topic, cell.records, partitions=PARTITIONS, value_size=cell.value_size
+    )
 
 
 def cleanup(run: Run, timeout_s: float = 30.0) -> None:
@@ -190,8 +192,9 @@ class Liveness(Protocol):
     def alive(self) -> bool: ...
 
 
-def measure(progress: Callable[[], int], total: int, worker: Liveness, timeout_s: float,
-            sample_s: float = SAMPLE_S) -> Result:
+def measure(
+    progress: Callable[[], int], total: int, worker: Liveness, timeout_s: float, sample_s: float = SAMPLE_S
+) -> Result:
     """Samples progress every sample_s until it reaches total; the rate counts only what was processed after the first
     sample > 0."""
     deadline = time.monotonic() + timeout_s
@@ -238,10 +241,17 @@ class RawLoop:
 
     def run(self) -> None:
         r = self.run_
-        consumer = Consumer({"bootstrap.servers": r.bootstrap, "group.id": r.run_id, "enable.auto.commit": False,
-                             "auto.offset.reset": "earliest"})
-        producer = Producer({"bootstrap.servers": r.bootstrap, "enable.idempotence": True, "acks": "all",
-                             "linger.ms": 5})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": r.bootstrap,
+                "group.id": r.run_id,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        producer = Producer(
+            {"bootstrap.servers": r.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+        )
         consumer.subscribe([r.input_topic])
         try:
             self._loop(consumer, producer, r.cell.commit_interval_ms / 1000)
@@ -265,7 +275,6 @@ class RawLoop:
             if dirty and time.monotonic() >= next_commit:
                 consumer.commit(asynchronous=True)
                 next_commit, dirty = time.monotonic() + interval_s, False
-
 
     def _update_done(self, producer: Producer) -> None:
         total = self.run_.cell.records
@@ -320,7 +329,7 @@ def run_runner(run: Run, timeout_s: float, app: App | None = None) -> Result:
 
 
 def base_mode(mode: str) -> str:
-    """"eos-per_process" -> "eos": the guarantee of a mode whatever its PRODUCERS."""
+    """ "eos-per_process" -> "eos": the guarantee of a mode whatever its PRODUCERS."""
     return mode.removesuffix(PER_PROCESS_SUFFIX)
 
 
@@ -347,8 +356,12 @@ def run_mode(cell: Cell, mode: str, bootstrap: str, timeout_s: float) -> Result:
 class ProfiledProcess:
     """Wraps an App's process: profiles its thread from the first record to the last input record."""
 
-    def __init__(self, process: Callable[[State, Record], Iterable[Output]], profiler: cProfile.Profile,
-                 counts: Mapping[int, int]) -> None:
+    def __init__(
+        self,
+        process: Callable[[State, Record], Iterable[Output]],
+        profiler: cProfile.Profile,
+        counts: Mapping[int, int],
+    ) -> None:
         self._process = process
         self._profiler = profiler
         self._last = {p: n - 1 for p, n in counts.items() if n > 0}
@@ -411,8 +424,9 @@ def key_entries(stats: pstats.Stats, seconds: float) -> list[str]:
         for (path, _, func), (_, n, _, c, _) in stats.stats.items():  # type: ignore[attr-defined]
             if func == name and path.endswith(suffix):
                 calls, cum = calls + n, cum + c
-        lines.append(f"- `{name}`: {calls} calls, {cum:.3f}s cumulative ({100 * cum / seconds:.0f}% of the profiled "
-                     "time)")
+        lines.append(
+            f"- `{name}`: {calls} calls, {cum:.3f}s cumulative ({100 * cum / seconds:.0f}% of the profiled time)"
+        )
     return lines
 
 
@@ -443,8 +457,10 @@ def _ratio(a: Result, b: Result) -> float | None:
 
 
 def table(results: Mapping[Cell, Mapping[str, Result]]) -> str:
-    header = ("| workload | value size | commit interval | raw rec/s | at_least_once rec/s | exactly_once rec/s "
-              "| eos/alo | eos/raw |")
+    header = (
+        "| workload | value size | commit interval | raw rec/s | at_least_once rec/s | exactly_once rec/s "
+        "| eos/alo | eos/raw |"
+    )
     rows = [header, "|---|---|---|---:|---:|---:|---:|---:|"]
     not_run = Result(None)
     for cell, by_mode in results.items():
@@ -452,8 +468,9 @@ def table(results: Mapping[Cell, Mapping[str, Result]]) -> str:
         rates = [_rate(by_mode[m].rate) if m in by_mode else "-" for m in MODES]
         ratios = ["-" if r is None else f"{r:.2f}" for r in (_ratio(eos, alo), _ratio(eos, raw))]
         rows.append(f"| {cell.workload} | {cell.size} | {cell.interval} | " + " | ".join([*rates, *ratios]) + " |")
-    return "\n".join([*rows, "", *target_lines(results), *producers_lines(results), *error_lines(results), "",
-                      *details(results)])
+    return "\n".join(
+        [*rows, "", *target_lines(results), *producers_lines(results), *error_lines(results), "", *details(results)]
+    )
 
 
 def producers_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
@@ -464,24 +481,36 @@ def producers_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
             per_process = by_mode.get(guarantee + PER_PROCESS_SUFFIX)
             if per_process is None:
                 continue
-            ratios = [f"{name} {r:.2f}" for name, other in (("/ per_partition", guarantee), ("/ raw", "raw"),
-                                                           ("/ alo per_process", "alo" + PER_PROCESS_SUFFIX))
-                      if other != guarantee + PER_PROCESS_SUFFIX and other in by_mode
-                      and (r := _ratio(per_process, by_mode[other])) is not None]
-            lines.append(f"- {cell.label()} {guarantee} per_process: {_rate(per_process.rate)} rec/s; "
-                         + ", ".join(ratios))
+            ratios = [
+                f"{name} {r:.2f}"
+                for name, other in (
+                    ("/ per_partition", guarantee),
+                    ("/ raw", "raw"),
+                    ("/ alo per_process", "alo" + PER_PROCESS_SUFFIX),
+                )
+                if other != guarantee + PER_PROCESS_SUFFIX
+                and other in by_mode
+                and (r := _ratio(per_process, by_mode[other])) is not None
+            ]
+            lines.append(
+                f"- {cell.label()} {guarantee} per_process: {_rate(per_process.rate)} rec/s; " + ", ".join(ratios)
+            )
     return lines
 
 
 def details(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
-    rows = ["| cell | mode | records | measured s | transactions | mean commit ms | every run rec/s |",
-            "|---|---|---:|---:|---:|---:|---|"]
+    rows = [
+        "| cell | mode | records | measured s | transactions | mean commit ms | every run rec/s |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for cell, by_mode in results.items():
         for mode, r in by_mode.items():
             mean = f"{1000 * r.commit_s / r.transactions:.1f}" if r.transactions else "-"
             runs = " / ".join(_rate(rate) for rate in r.runs)
-            rows.append(f"| {cell.label()} | {mode} | {cell.records} | {r.seconds:.2f} | {r.transactions or '-'} "
-                        f"| {mean} | {runs} |")
+            rows.append(
+                f"| {cell.label()} | {mode} | {cell.records} | {r.seconds:.2f} | {r.transactions or '-'} "
+                f"| {mean} | {runs} |"
+            )
     return rows
 
 
@@ -503,29 +532,48 @@ def _verdict(name: str, value: float | None, target: float) -> str:
 
 
 def error_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
-    return [f"- {cell.label()} {mode}: {r.error}" for cell, by_mode in results.items()
-            for mode, r in by_mode.items() if r.error]
+    return [
+        f"- {cell.label()} {mode}: {r.error}"
+        for cell, by_mode in results.items()
+        for mode, r in by_mode.items()
+        if r.error
+    ]
 
 
 # -- command line ------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--records", type=int, help="records per cell and for the profile "
-                        "(default: 400k for 100 B, 150k for 1 KB, 100k for the profile)")
+    parser.add_argument(
+        "--records",
+        type=int,
+        help="records per cell and for the profile (default: 400k for 100 B, 150k for 1 KB, 100k for the profile)",
+    )
     parser.add_argument("--quick", action="store_true", help="20k / 8k records per cell: a smoke run")
-    parser.add_argument("--only", default="", help="comma-separated filters, AND across dimensions, OR within one: "
-                        f"{', '.join([*WORKLOADS, *SIZES, *INTERVALS, *MODES])}, e.g. copier,100ms,raw,eos")
-    parser.add_argument("--producers", default=PER_PARTITION, help="PRODUCERS of the alo/eos modes, comma-separated "
-                        f"({', '.join(PRODUCERS)}); with both, every Runner mode runs once per value, interleaved")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated filters, AND across dimensions, OR within one: "
+        f"{', '.join([*WORKLOADS, *SIZES, *INTERVALS, *MODES])}, e.g. copier,100ms,raw,eos",
+    )
+    parser.add_argument(
+        "--producers",
+        default=PER_PARTITION,
+        help="PRODUCERS of the alo/eos modes, comma-separated "
+        f"({', '.join(PRODUCERS)}); with both, every Runner mode runs once per value, interleaved",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode and cell; the median is reported")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for one run (default 120)")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile pass")
     parser.add_argument("--profile-only", action="store_true", help="only the profile pass")
     parser.add_argument("--top", type=int, default=15, help="functions listed by the profile (default 15)")
-    parser.add_argument("--overhead", action="store_true",
-                        help="only the framework's cost per record, without a broker (tools/bench/overhead.py)")
+    parser.add_argument(
+        "--overhead",
+        action="store_true",
+        help="only the framework's cost per record, without a broker (tools/bench/overhead.py)",
+    )
     parser.add_argument("--log-level", default="warning")
     return parser
 
@@ -549,14 +597,18 @@ def select_cells(chosen: Mapping[str, set[str]], records: int | None, quick: boo
     sizes = QUICK_RECORDS if quick else DEFAULT_RECORDS
     return [
         Cell(workload, size, interval, records or sizes[SIZES[size]])
-        for workload in WORKLOADS if workload in chosen["workload"]
-        for size in SIZES if size in chosen["size"]
-        for interval in INTERVALS if interval in chosen["interval"]
+        for workload in WORKLOADS
+        if workload in chosen["workload"]
+        for size in SIZES
+        if size in chosen["size"]
+        for interval in INTERVALS
+        if interval in chosen["interval"]
     ]
 
 
-def run_matrix(cells: Sequence[Cell], modes: Sequence[str], bootstrap: str, timeout_s: float,
-               repeat: int) -> dict[Cell, dict[str, Result]]:
+def run_matrix(
+    cells: Sequence[Cell], modes: Sequence[str], bootstrap: str, timeout_s: float, repeat: int
+) -> dict[Cell, dict[str, Result]]:
     results: dict[Cell, dict[str, Result]] = {}
     for cell in cells:
         runs: dict[str, list[Result]] = {mode: [] for mode in modes}
@@ -565,8 +617,12 @@ def run_matrix(cells: Sequence[Cell], modes: Sequence[str], bootstrap: str, time
                 started = time.monotonic()
                 result = run_mode(cell, mode, bootstrap, timeout_s)
                 runs[mode].append(result)
-                print(f"{cell.label()} {mode}: {_rate(result.rate)} rec/s over {result.seconds:.2f}s "
-                      f"(run took {time.monotonic() - started:.1f}s) {result.error}", file=sys.stderr, flush=True)
+                print(
+                    f"{cell.label()} {mode}: {_rate(result.rate)} rec/s over {result.seconds:.2f}s "
+                    f"(run took {time.monotonic() - started:.1f}s) {result.error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         results[cell] = {mode: median(rs) for mode, rs in runs.items()}
     return results
 
@@ -594,8 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     chosen = parse_only(args.only)
     if args.overhead:
-        print(overhead_table([overhead.measure(WORKLOADS[w], args.records or 100_000) for w in WORKLOADS
-                              if w in chosen["workload"]]))
+        print(
+            overhead_table(
+                [overhead.measure(WORKLOADS[w], args.records or 100_000) for w in WORKLOADS if w in chosen["workload"]]
+            )
+        )
         return 0
     started = time.monotonic()
     failed = False

@@ -47,7 +47,7 @@ from pipeline.kafka.offsets import high_watermarks
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
 from pipeline.metrics import Metrics
 from pipeline.runner import Runner
-from pipeline.state.restore import RestoreManager
+from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_writer import write_snapshot
 from pipeline.state.timers import STREAM_TIME_KEY, TIMER_PREFIXES, restored_state
 from pipeline.testing.inputs import account_partition, create_topics, produce
@@ -85,8 +85,12 @@ def open_window_records(n: int, accounts: int, partitions: int) -> Iterator[tupl
     parts = [account_partition(key, partitions) for key in keys]
     for i in range(n):
         window, k = divmod(i, accounts)
-        yield (parts[k], keys[k], b'{"id":%d,"amount":%d}' % (i, i % 1000 - 100),
-               start_ms + window * WINDOW_MS + k * OPEN_SPAN_MS // accounts)
+        yield (
+            parts[k],
+            keys[k],
+            b'{"id":%d,"amount":%d}' % (i, i % 1000 - 100),
+            start_ms + window * WINDOW_MS + k * OPEN_SPAN_MS // accounts,
+        )
 
 
 def expected_windows(n: int, accounts: int) -> int:
@@ -142,9 +146,16 @@ def run_once(name: str, records: int, accounts: int, bootstrap: str, timeout_s: 
     run = Run(Cell(name, "100B", "100ms", records), "eos", bootstrap, run_id, {})
     create_topics(bootstrap, {run.input_topic: PARTITIONS, run.output_topic: PARTITIONS})
     try:
-        run = replace(run, counts=produce(bootstrap, run.input_topic, open_window_records(records, accounts,
-                                                                                          PARTITIONS),
-                                          partitions=PARTITIONS, timeout_s=120))
+        run = replace(
+            run,
+            counts=produce(
+                bootstrap,
+                run.input_topic,
+                open_window_records(records, accounts, PARTITIONS),
+                partitions=PARTITIONS,
+                timeout_s=120,
+            ),
+        )
         runner = make_runner(run, APPS[name])
         worker = Worker(runner.run, f"runner-{run_id}")
         pending = PendingTimers(runner, {p: max(1, n * accounts // records) for p, n in run.counts.items()})
@@ -176,36 +187,47 @@ def throughput(args: argparse.Namespace) -> list[str]:
             started = time.monotonic()
             sample = run_once(name, args.records, args.accounts, args.bootstrap_servers, args.timeout)
             runs[name].append(sample)
-            log(f"{name}: {_rate(sample.result.rate)} rec/s over {sample.result.seconds:.1f}s, CPU "
+            log(
+                f"{name}: {_rate(sample.result.rate)} rec/s over {sample.result.seconds:.1f}s, CPU "
                 f"{sample.cpu_us or 0:.1f} us/record, {sample.outputs} outputs, {sample.closed_windows} windows "
                 f"closed, pending timers max {sample.pending_max}, lowest per account {sample.pending_lowest} (run "
-                f"took {time.monotonic() - started:.0f}s, {load_line('now')}) {sample.result.error}")
+                f"took {time.monotonic() - started:.0f}s, {load_line('now')}) {sample.result.error}"
+            )
     return throughput_table(runs, args)
 
 
 def throughput_table(runs: dict[str, list[Sample]], args: argparse.Namespace) -> list[str]:
-    lines = ["| app | median rec/s | every run rec/s | median CPU us/record | measured s | outputs of process | "
-             "windows closed | pending timers: most / fewest per account | transactions |",
-             "|---|---:|---|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| app | median rec/s | every run rec/s | median CPU us/record | measured s | outputs of process | "
+        "windows closed | pending timers: most / fewest per account | transactions |",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
     for name, samples in runs.items():
         chosen = median([s.result for s in samples])
         sample = next((s for s in samples if s.result.rate == chosen.rate), samples[0])
         every = " / ".join(_rate(r) for r in chosen.runs)
         cpu = statistics.median(s.cpu_us for s in samples if s.cpu_us) if any(s.cpu_us for s in samples) else 0
         lowest = "-" if sample.pending_lowest is None else f"{sample.pending_lowest:.2f}"
-        lines.append(f"| {name} | {_rate(chosen.rate)} | {every} | {cpu:.1f} | {chosen.seconds:.1f} | "
-                     f"{sample.outputs:,} | {sample.closed_windows:,} | {sample.pending_max:,} / {lowest} | "
-                     f"{chosen.transactions} |")
+        lines.append(
+            f"| {name} | {_rate(chosen.rate)} | {every} | {cpu:.1f} | {chosen.seconds:.1f} | "
+            f"{sample.outputs:,} | {sample.closed_windows:,} | {sample.pending_max:,} / {lowest} | "
+            f"{chosen.transactions} |"
+        )
     rounds = list(zip(*runs.values(), strict=True))  # (windowed, totals) of each round
     rates = [w.result.rate / t.result.rate for w, t in rounds if w.result.rate and t.result.rate]
     cpus = [t.cpu_us / w.cpu_us for w, t in rounds if w.cpu_us and t.cpu_us]
     for what, ratios in (("rec/s", rates), ("CPU per record, inverted", cpus)):
         every = " / ".join(f"{r:.2f}" for r in ratios)
-        lines.append(f"\nwindowed_totals / running_totals by {what}, per round: {every}; median "
-                     f"{statistics.median(ratios):.2f}" if ratios else f"\nno ratio by {what}: a run failed")
-    lines += [f"\n{args.records:,} records, {args.accounts:,} accounts; windows expected closed: "
-              f"{expected_windows(args.records, args.accounts):,}",
-              *[f"- {name}: {s.result.error}" for name, samples in runs.items() for s in samples if s.result.error]]
+        lines.append(
+            f"\nwindowed_totals / running_totals by {what}, per round: {every}; median {statistics.median(ratios):.2f}"
+            if ratios
+            else f"\nno ratio by {what}: a run failed"
+        )
+    lines += [
+        f"\n{args.records:,} records, {args.accounts:,} accounts; windows expected closed: "
+        f"{expected_windows(args.records, args.accounts):,}",
+        *[f"- {name}: {s.result.error}" for name, samples in runs.items() for s in samples if s.result.error],
+    ]
     return lines
 
 
@@ -243,8 +265,10 @@ def prepare_restore(bootstrap: str, kind: str, timers: int) -> Partition:
     commits), then a full snapshot of it covering the whole changelog."""
     app = snapshots.App(f"bench-timers-restore-{kind}-{uuid.uuid4().hex[:6]}", 1)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [NewTopic(f"{app.app_id}-changelog", 1, 1, config=CHANGELOG_CONFIG),
-              NewTopic(f"{app.app_id}-snapshots", 1, 1, config=SNAPSHOT_CONFIG)]
+    topics = [
+        NewTopic(f"{app.app_id}-changelog", 1, 1, config=CHANGELOG_CONFIG),
+        NewTopic(f"{app.app_id}-snapshots", 1, 1, config=SNAPSHOT_CONFIG),
+    ]
     for future in admin.create_topics(topics).values():
         future.result(30)
     entries = list(timer_state(timers) if kind == "timers" else snapshots.history(timers, 1))
@@ -256,10 +280,18 @@ def prepare_restore(bootstrap: str, kind: str, timers: int) -> Partition:
     producer.init_transactions(30)
     producer.begin_transaction()
     started = time.monotonic()
-    write_snapshot(producer, app_id=app.app_id, snapshot_topic=f"{app.app_id}-snapshots",
-                   changelog_topic=f"{app.app_id}-changelog", partition=0,
-                   entries=((key.decode(), value) for key, value in entries), changelog_offset=part.changelog_end,
-                   input_offset=app.next_input, base=None, timeout_s=120)
+    write_snapshot(
+        producer,
+        app_id=app.app_id,
+        snapshot_topic=f"{app.app_id}-snapshots",
+        changelog_topic=f"{app.app_id}-changelog",
+        partition=0,
+        entries=((key.decode(), value) for key, value in entries),
+        changelog_offset=part.changelog_end,
+        input_offset=app.next_input,
+        base=None,
+        timeout_s=120,
+    )
     producer.commit_transaction(60)
     part.snapshot_s = time.monotonic() - started
     log(f"{app.app_id}: full snapshot of {len(entries)} entries written in {part.snapshot_s:.1f}s")
@@ -283,9 +315,15 @@ def restore_once(bootstrap: str, app_id: str, app_name: str, committed: int, wit
     `restored_state`, which queues the timers); seconds, counts and peak RSS."""
     settings = restore_settings(bootstrap, app_id)
     app = APPS[app_name]
-    manager = RestoreManager(settings, f"{app_id}-changelog", f"{app_id}-snapshots" if with_snapshot else None,
-                             app.state_serde, lambda: Consumer(restore_consumer_config(settings, f"{app_id}.restore")),
-                             lambda: AdminClient(client_config(settings)), AdminClient(client_config(settings)))
+    manager = RestoreManager(
+        settings,
+        f"{app_id}-changelog",
+        f"{app_id}-snapshots" if with_snapshot else None,
+        app.state_serde,
+        lambda: Consumer(restore_consumer_config(settings, f"{app_id}.restore")),
+        lambda: AdminClient(client_config(settings)),
+        AdminClient(client_config(settings)),
+    )
     before = rss_mb()
     started = time.monotonic()
     manager.start(0, committed)
@@ -297,10 +335,18 @@ def restore_once(bootstrap: str, app_id: str, app_name: str, committed: int, wit
     state = restored_state(app, job.state, "p0")
     ended = time.monotonic()
     pending = len(getattr(state, "_queues", {}).get("stream", ()))
-    return {"seconds": ended - started, "restore_s": restored - started, "adopt_s": ended - restored,
-            "snapshot_entries": job.snapshot_entries, "changelog_records": job.records, "keys": len(state),
-            "pending_timers": pending, "steps": steps, "rss_before_mb": before,
-            "peak_rss_mb": rss_mb("VmHWM")}
+    return {
+        "seconds": ended - started,
+        "restore_s": restored - started,
+        "adopt_s": ended - restored,
+        "snapshot_entries": job.snapshot_entries,
+        "changelog_records": job.records,
+        "keys": len(state),
+        "pending_timers": pending,
+        "steps": steps,
+        "rss_before_mb": before,
+        "peak_rss_mb": rss_mb("VmHWM"),
+    }
 
 
 def restore(args: argparse.Namespace) -> list[str]:
@@ -310,11 +356,19 @@ def restore(args: argparse.Namespace) -> list[str]:
         for _ in range(args.repeat):
             for part in parts:
                 for with_snapshot in (False, True):
-                    result = in_fresh_process(restore_once, args.bootstrap_servers, part.app.app_id, part.app_name,
-                                              part.app.next_input, with_snapshot)
+                    result = in_fresh_process(
+                        restore_once,
+                        args.bootstrap_servers,
+                        part.app.app_id,
+                        part.app_name,
+                        part.app.next_input,
+                        with_snapshot,
+                    )
                     results.setdefault((part.kind, with_snapshot), []).append(result)
-                    log(f"restore {part.kind} {'snapshot' if with_snapshot else 'changelog'}: {result} "
-                        f"({load_line('now')})")
+                    log(
+                        f"restore {part.kind} {'snapshot' if with_snapshot else 'changelog'}: {result} "
+                        f"({load_line('now')})"
+                    )
     finally:
         if not args.keep_topics:
             delete_topics(args.bootstrap_servers, [part.app.app_id for part in parts])
@@ -327,20 +381,28 @@ def in_fresh_process(function: Callable[..., dict], *arguments: object) -> dict:
 
 
 def restore_table(parts: Sequence[Partition], results: dict[tuple[str, bool], list[dict]]) -> list[str]:
-    lines = ["| state | from | entries | median s (restore + adopt) | entries/s | every run s | peak RSS MB (before) "
-             "| pending timers |", "|---|---|---:|---|---:|---|---|---:|"]
+    lines = [
+        "| state | from | entries | median s (restore + adopt) | entries/s | every run s | peak RSS MB (before) "
+        "| pending timers |",
+        "|---|---|---:|---|---:|---|---|---:|",
+    ]
     for part in parts:
         for with_snapshot in (False, True):
             runs = sorted(results[(part.kind, with_snapshot)], key=lambda r: r["seconds"])
             mid = runs[(len(runs) - 1) // 2]
             entries = mid["snapshot_entries"] if with_snapshot else mid["changelog_records"]
             every = " / ".join(f"{r['seconds']:.2f}" for r in results[(part.kind, with_snapshot)])
-            lines.append(f"| {part.kind} ({part.app_name}) | {'full snapshot' if with_snapshot else 'changelog'} | "
-                         f"{entries:,} | {mid['seconds']:.2f} ({mid['restore_s']:.2f} + {mid['adopt_s']:.2f}) | "
-                         f"{entries / mid['seconds']:,.0f} | {every} | {mid['peak_rss_mb']:.0f} "
-                         f"({mid['rss_before_mb']:.0f}) | {mid['pending_timers']:,} |")
-    lines += [f"- {part.kind}: {part.entries:,} state entries, changelog end {part.changelog_end:,}, full snapshot "
-              f"written in {part.snapshot_s:.1f}s" for part in parts]
+            lines.append(
+                f"| {part.kind} ({part.app_name}) | {'full snapshot' if with_snapshot else 'changelog'} | "
+                f"{entries:,} | {mid['seconds']:.2f} ({mid['restore_s']:.2f} + {mid['adopt_s']:.2f}) | "
+                f"{entries / mid['seconds']:,.0f} | {every} | {mid['peak_rss_mb']:.0f} "
+                f"({mid['rss_before_mb']:.0f}) | {mid['pending_timers']:,} |"
+            )
+    lines += [
+        f"- {part.kind}: {part.entries:,} state entries, changelog end {part.changelog_end:,}, full snapshot "
+        f"written in {part.snapshot_s:.1f}s"
+        for part in parts
+    ]
     return lines
 
 
@@ -357,8 +419,9 @@ def log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.timers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.timers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--part", choices=["both", "throughput", "restore"], default="both")
     parser.add_argument("--records", type=int, default=500_000, help="input records per throughput run")

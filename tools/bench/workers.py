@@ -72,13 +72,33 @@ def run_once(bootstrap: str, workers: int, records: int, timeout_s: float, log_d
     create_topics(bootstrap, {run.input_topic: PARTITIONS, run.output_topic: PARTITIONS})
     total = sum(produce_running_totals(bootstrap, run.input_topic, records, partitions=PARTITIONS).values())
     port = free_port()
-    env = {**os.environ, "PIPELINE_APP_ID": run_id, "PIPELINE_INPUT_TOPIC": run.input_topic,
-           "PIPELINE_OUTPUT_TOPIC": run.output_topic, "PIPELINE_BOOTSTRAP_SERVERS": bootstrap}
+    env = {
+        **os.environ,
+        "PIPELINE_APP_ID": run_id,
+        "PIPELINE_INPUT_TOPIC": run.input_topic,
+        "PIPELINE_OUTPUT_TOPIC": run.output_topic,
+        "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
+    }
     loadavg = Path("/proc/loadavg").read_text().split()[0]
     with open(log_dir / f"{run_id}.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "pipeline", "--log-level", "warning", "run", "--workers",
-                                    str(workers), "--metrics-port", str(port), APP_SPEC],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline",
+                "--log-level",
+                "warning",
+                "run",
+                "--workers",
+                str(workers),
+                "--metrics-port",
+                str(port),
+                APP_SPEC,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         samples = sample(port, total, process, workers, timeout_s)
     finally:
@@ -101,8 +121,9 @@ def workers_cpu_s(process: subprocess.Popen, workers: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def sample(port: int, total: int, process: subprocess.Popen, workers: int,
-           timeout_s: float) -> list[tuple[float, int, float]]:
+def sample(
+    port: int, total: int, process: subprocess.Popen, workers: int, timeout_s: float
+) -> list[tuple[float, int, float]]:
     """(time, records processed, workers' CPU seconds) from the first progress seen until all are processed."""
     deadline = time.monotonic() + timeout_s
     samples: list[tuple[float, int, float]] = []
@@ -124,13 +145,15 @@ def rates(workers: int, samples: list[tuple[float, int, float]], total: int, loa
 
     (t0, n0, c0), (t1, n1, c1) = samples[0], samples[-1]
     (s0, m0, _), (s1, m1, _) = at(0.2), at(0.9)
-    return Measured(workers, (n1 - n0) / (t1 - t0), (m1 - m0) / max(s1 - s0, 1e-9), t1 - t0, loadavg,
-                    (c1 - c0) / (n1 - n0) * 1e6)
+    return Measured(
+        workers, (n1 - n0) / (t1 - t0), (m1 - m0) / max(s1 - s0, 1e-9), t1 - t0, loadavg, (c1 - c0) / (n1 - n0) * 1e6
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.workers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.workers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3)
@@ -144,20 +167,26 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts:
                 m = run_once(args.bootstrap, n, args.records, args.timeout, Path(log_dir))
                 results.append(m)
-                print(f"repeat {repeat + 1} workers {n}: all {m.all_rate:,.0f} rec/s, steady {m.steady_rate:,.0f} "
-                      f"rec/s ({m.seconds:.1f}s; workers' CPU {m.cpu_us_per_record:.1f} us/record; load average "
-                      f"{m.loadavg} before)", flush=True)
-    print(f"\n{args.records:,} running_totals records, {PARTITIONS} partitions, exactly_once, "
-          f"medians of {args.repeat}:")
+                print(
+                    f"repeat {repeat + 1} workers {n}: all {m.all_rate:,.0f} rec/s, steady {m.steady_rate:,.0f} "
+                    f"rec/s ({m.seconds:.1f}s; workers' CPU {m.cpu_us_per_record:.1f} us/record; load average "
+                    f"{m.loadavg} before)",
+                    flush=True,
+                )
+    print(
+        f"\n{args.records:,} running_totals records, {PARTITIONS} partitions, exactly_once, medians of {args.repeat}:"
+    )
     base = [m for m in results if m.workers == counts[0]]
     for n in counts:
         mine = [m for m in results if m.workers == n]
         ratios = [m.steady_rate / b.steady_rate for m, b in zip(mine, base, strict=True)]
         cpu = statistics.median(m.cpu_us_per_record for m in mine)
-        print(f"  workers {n}: all {statistics.median(m.all_rate for m in mine):,.0f} rec/s, steady "
-              f"{statistics.median(m.steady_rate for m in mine):,.0f} rec/s; steady ratio to {counts[0]} per repeat "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}; workers' CPU {cpu:.1f} us/record; load averages "
-              f"{', '.join(m.loadavg for m in mine)}")
+        print(
+            f"  workers {n}: all {statistics.median(m.all_rate for m in mine):,.0f} rec/s, steady "
+            f"{statistics.median(m.steady_rate for m in mine):,.0f} rec/s; steady ratio to {counts[0]} per repeat "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}; workers' CPU {cpu:.1f} us/record; load averages "
+            f"{', '.join(m.loadavg for m in mine)}"
+        )
     return 0
 
 

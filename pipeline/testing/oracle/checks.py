@@ -139,8 +139,11 @@ def _rejection_mismatch(entry: DeadLetterEntry, coord: Coord, reference: Referen
     expected = reference.rejections.get(coord)
     if expected is None:
         return f"rejected as {entry.letter.error_type!r}, but the reference does not reject it"
-    return "" if expected == entry.letter.error_type else \
-        f"rejected as {entry.letter.error_type!r}, the reference rejects it as {expected!r}"
+    return (
+        ""
+        if expected == entry.letter.error_type
+        else f"rejected as {entry.letter.error_type!r}, the reference rejects it as {expected!r}"
+    )
 
 
 def _output_mismatch(out: KafkaRecord, expected: ExpectedOutput) -> str:
@@ -215,8 +218,9 @@ def changelog_states(changelog: Iterable[KafkaRecord], found: Findings) -> dict[
     return dict(states)
 
 
-def check_state(changelog: TopicDump, input_partitions: Sequence[int], reference: Reference,
-                app: App | None = None) -> Findings:
+def check_state(
+    changelog: TopicDump, input_partitions: Sequence[int], reference: Reference, app: App | None = None
+) -> Findings:
     """The changelog's final state per partition against the reference's (for an App with wall-clock timers: those
     compared by payload only, see pipeline/testing/oracle/timers.py)."""
     found = Findings()
@@ -306,8 +310,14 @@ def check(app: App, run: RunData) -> Verdict:
     by_firing = timer_outputs(run.outputs.records, verdict.content)
     # A record rejected on purpose is folded all the same: the reference must reject it too.
     skip = {coord for coord, entries in dead.items() if not all(e.letter.rejected for e in entries)}
-    reference = fold_reference(app, run.inputs.records, input_topic=run.input_topic, output_topic=run.outputs.topic,
-                               skip=skip, wall_firings=[f for f in by_firing if f.clock == "wall"])
+    reference = fold_reference(
+        app,
+        run.inputs.records,
+        input_topic=run.input_topic,
+        output_topic=run.outputs.topic,
+        skip=skip,
+        wall_firings=[f for f in by_firing if f.clock == "wall"],
+    )
     by_source = outputs_by_source(run.outputs.records)
     verdict.duplicates = check_duplicates(by_source, dead, reference)
     verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
@@ -330,7 +340,6 @@ def _notes(run: RunData, reference: Reference) -> list[str]:
     if run.changelog is None:
         notes.append("stateless app: state and checkpoints not checked")
     return notes
-
 
 
 def observer_subset_of_final(

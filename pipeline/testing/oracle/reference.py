@@ -41,15 +41,21 @@ class Reference:
 
 
 def fold_reference(
-    app: App, inputs: Iterable[KafkaRecord], *, input_topic: str, output_topic: str, skip: Collection[Coord] = (),
+    app: App,
+    inputs: Iterable[KafkaRecord],
+    *,
+    input_topic: str,
+    output_topic: str,
+    skip: Collection[Coord] = (),
     wall_firings: Iterable[TimerSource] = (),
 ) -> Reference:
     """Runs app.process offline over each input partition in offset order, with a fresh state per partition.
     `skip`: coordinates that went to the dead letters in the run, left out as the runner left them out.
     `wall_firings`: where the run fired wall-clock timers (from its outputs' eos.timer headers)."""
     reference = Reference()
-    firings = reference.timers = Firings(app, lambda out: _encode(app, out), output_topic, wall_firings) \
-        if app.timed else None
+    firings = reference.timers = (
+        Firings(app, lambda out: _encode(app, out), output_topic, wall_firings) if app.timed else None
+    )
     states: dict[int, PartitionState] = {}
     for record in sorted(inputs, key=lambda r: r.coord):
         state = states.get(record.partition)
@@ -70,8 +76,9 @@ def _fold_one(
     app: App, state: PartitionState, record: KafkaRecord, input_topic: str, output_topic: str, reference: Reference
 ) -> None:
     try:
-        decoded = app.decode(record.key, record.value, input_topic, record.partition, record.offset,
-                             record.timestamp_ms, record.headers)
+        decoded = app.decode(
+            record.key, record.value, input_topic, record.partition, record.offset, record.timestamp_ms, record.headers
+        )
     except Exception as e:
         reference.failures[record.coord] = f"decode: {type(e).__name__}: {e}"
         return

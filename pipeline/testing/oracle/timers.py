@@ -57,7 +57,7 @@ class Firings:
         if record.timestamp_ms >= 0:
             state.advance_stream_time(record.timestamp_ms)
         while (due := state.pop_due("stream", state.stream_time_ms)) is not None:
-            key = due.entry[len(TIMER_PREFIXES["stream"]):]
+            key = due.entry[len(TIMER_PREFIXES["stream"]) :]
             self._fire(state, due, TimerSource(record.partition, record.offset, "stream", due.at_ms, key))
 
     def walls_until(self, state: TimedState, partition: int, position: int | None) -> None:
@@ -67,8 +67,13 @@ class Firings:
             firing = walls.pop()
             due = state.pending("wall", firing.key)
             if due is None:
-                self.unplaceable.append((firing, "the run fired it, but no such wall-clock timer is pending here in "
-                                                 "the reference (fired before, or never scheduled)"))
+                self.unplaceable.append(
+                    (
+                        firing,
+                        "the run fired it, but no such wall-clock timer is pending here in "
+                        "the reference (fired before, or never scheduled)",
+                    )
+                )
             else:
                 self._fire(state, due._replace(at_ms=firing.at_ms), firing)
 
@@ -79,7 +84,8 @@ class Firings:
             try:
                 outputs = list(self.app.on_timer(state, timer))
                 self.outputs.setdefault(firing, []).extend(
-                    self.encode(out) for out in outputs if out.topic in (None, self.output_topic))
+                    self.encode(out) for out in outputs if out.topic in (None, self.output_topic)
+                )
             except Exception as e:
                 state.undo_record()
                 state.remove(due)  # the runtime would stop the partition here; the reference goes on without it
@@ -101,8 +107,12 @@ def timer_outputs(outputs: Iterable[KafkaRecord], content: Findings) -> dict[Tim
     return dict(grouped)
 
 
-def check_timers(by_firing: Mapping[TimerSource, list[KafkaRecord]], firings: Firings, verdict: Verdict,
-                 mismatch: Callable[[KafkaRecord, object], str]) -> set[tuple[int, int]]:
+def check_timers(
+    by_firing: Mapping[TimerSource, list[KafkaRecord]],
+    firings: Firings,
+    verdict: Verdict,
+    mismatch: Callable[[KafkaRecord, object], str],
+) -> set[tuple[int, int]]:
     """Each firing's outputs against the reference's, into the verdict's categories; returns the positions of outputs
     beyond the reference's count (duplicates), which the order check skips."""
     extras = set()
@@ -114,7 +124,7 @@ def check_timers(by_firing: Mapping[TimerSource, list[KafkaRecord]], firings: Fi
             continue
         if len(outs) > len(expected):
             verdict.duplicates.add(where, f"{len(outs)} outputs, the reference's firing produces {len(expected)}")
-            extras.update(out.coord for out in outs[len(expected):])
+            extras.update(out.coord for out in outs[len(expected) :])
         elif len(outs) < len(expected):
             verdict.losses.add(where, f"{len(outs)} of {len(expected)} output(s)")
         for out, want in zip(outs, expected, strict=False):

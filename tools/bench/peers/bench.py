@@ -108,8 +108,13 @@ class Options:
 def new_run(mode: Mode, records: int, bootstrap: str) -> bench.Run:
     interval = "1s" if mode.interval_ms == 1000 else "100ms"  # bench.Cell's intervals; unused by Quix
     run_id = f"peers-{mode.name}-{uuid.uuid4().hex[:6]}"
-    run = bench.Run(bench.Cell("running_totals", "100B", interval, records), "raw" if mode.kind == "raw" else "eos",
-                    bootstrap, run_id, {})
+    run = bench.Run(
+        bench.Cell("running_totals", "100B", interval, records),
+        "raw" if mode.kind == "raw" else "eos",
+        bootstrap,
+        run_id,
+        {},
+    )
     create_topics(bootstrap, {run.input_topic: PARTITIONS, run.output_topic: PARTITIONS})
     return replace(run, counts=bench.fill(run))
 
@@ -134,19 +139,39 @@ def count_committed(bootstrap: str, topic: str, timeout_s: float) -> int:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     partitions = list(admin.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
     ends = high_watermarks(admin, topic, partitions, timeout_s)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.count", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}.count",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         return sum(1 for _ in read_to_end(TailReader(consumer, topic, dict.fromkeys(ends, 0), ends), timeout_s))
     finally:
         consumer.close()
 
 
-def quix_command(opts: Options, mode: str, run_id: str, input_topic: str, output_topic: str,
-                 *extra: str) -> list[str]:
-    return [opts.quix_python, str(QUIX_SCRIPT), mode, "--bootstrap-servers", opts.bootstrap, "--group", run_id,
-            "--input-topic", input_topic, "--output-topic", output_topic,
-            "--state-dir", str(RUN_DIR / run_id / "state"), "--timeout", str(opts.timeout_s), *extra]
+def quix_command(opts: Options, mode: str, run_id: str, input_topic: str, output_topic: str, *extra: str) -> list[str]:
+    return [
+        opts.quix_python,
+        str(QUIX_SCRIPT),
+        mode,
+        "--bootstrap-servers",
+        opts.bootstrap,
+        "--group",
+        run_id,
+        "--input-topic",
+        input_topic,
+        "--output-topic",
+        output_topic,
+        "--state-dir",
+        str(RUN_DIR / run_id / "state"),
+        "--timeout",
+        str(opts.timeout_s),
+        *extra,
+    ]
 
 
 def run_quix_script(command: list[str], run_id: str, timeout_s: float) -> dict:
@@ -201,9 +226,12 @@ def run_throughput(records: int, repeat: int, opts: Options, only: set[str]) -> 
             started = time.monotonic()
             result = run_mode(mode, records, opts)
             runs[mode.name].append(result)
-            print(f"{mode.name}: {bench._rate(result.rate)} rec/s over {result.seconds:.2f}s (run took "
-                  f"{time.monotonic() - started:.1f}s; {bench.load_line('now')}) {result.error}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{mode.name}: {bench._rate(result.rate)} rec/s over {result.seconds:.2f}s (run took "
+                f"{time.monotonic() - started:.1f}s; {bench.load_line('now')}) {result.error}",
+                file=sys.stderr,
+                flush=True,
+            )
     return {name: bench.median(rs) for name, rs in runs.items()}
 
 
@@ -215,16 +243,20 @@ def _interval(mode: Mode) -> str:
 
 def throughput_table(results: Mapping[str, bench.Result], records: int) -> str:
     raw = results.get("raw")
-    rows = [f"| run | commit interval | records/s (median) | every run | / raw | committed outputs = {records:,} |",
-            "|---|---|---:|---|---:|---|"]
+    rows = [
+        f"| run | commit interval | records/s (median) | every run | / raw | committed outputs = {records:,} |",
+        "|---|---|---:|---|---:|---|",
+    ]
     for mode in MODES:
         r = results.get(mode.name)
         if r is None:
             continue
         ratio = bench._ratio(r, raw) if raw else None
-        rows.append(f"| {mode.label} | {_interval(mode)} | {bench._rate(r.rate)} | "
-                    f"{' / '.join(bench._rate(x) for x in r.runs)} | {'-' if ratio is None else f'{ratio:.2f}'} | "
-                    f"{'yes' if r.rate is not None and not r.error else r.error or 'no'} |")
+        rows.append(
+            f"| {mode.label} | {_interval(mode)} | {bench._rate(r.rate)} | "
+            f"{' / '.join(bench._rate(x) for x in r.runs)} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'yes' if r.rate is not None and not r.error else r.error or 'no'} |"
+        )
     rows += ["", "| comparison | ours / Quix | target >= 1.5x |", "|---|---:|---|"]
     for ours, quix, what in COMPARISONS:
         if ours in results and quix in results:
@@ -266,16 +298,20 @@ def group_empty(admin: AdminClient, group: str) -> bool:
     return not description.members
 
 
-def build_state(command: list[str], run_id: str, input_topic: str, keys: int, opts: Options,
-                env: Mapping[str, str] | None = None) -> float:
+def build_state(
+    command: list[str], run_id: str, input_topic: str, keys: int, opts: Options, env: Mapping[str, str] | None = None
+) -> float:
     """Starts the service, waits until its group committed the whole input, SIGKILLs it; seconds it took."""
     started, admin, timeout_s = time.monotonic(), _admin(opts), 10 * opts.timeout_s
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     with open(RUN_DIR / f"{run_id}.log", "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
         try:
-            wait_until(lambda: process.poll() is not None or committed_offset(admin, run_id, input_topic, 10) >= keys,
-                       timeout_s, f"{run_id}: committed offset {keys}")
+            wait_until(
+                lambda: process.poll() is not None or committed_offset(admin, run_id, input_topic, 10) >= keys,
+                timeout_s,
+                f"{run_id}: committed offset {keys}",
+            )
             if process.poll() is not None:
                 raise bench.BenchError(f"{run_id}: exited with {process.returncode} (log: .run/peers/{run_id}.log)")
         finally:
@@ -302,8 +338,15 @@ def produce_probe(opts: Options, topic: str, n: int) -> None:
 
 
 def _sample(metric, partition: str = "0") -> float:
-    return next((s.value for m in metric.collect() for s in m.samples
-                 if s.labels.get("partition") == partition and not s.name.endswith("_created")), 0.0)
+    return next(
+        (
+            s.value
+            for m in metric.collect()
+            for s in m.samples
+            if s.labels.get("partition") == partition and not s.name.endswith("_created")
+        ),
+        0.0,
+    )
 
 
 def _all_running(runner: Runner) -> bool:
@@ -315,8 +358,9 @@ def _all_running(runner: Runner) -> bool:
 
 
 def restart_ours(opts: Options, run_id: str, input_topic: str, output_topic: str) -> dict:
-    settings = settings_module.load(env={}, bootstrap_servers=opts.bootstrap, app_id=run_id,
-                                    input_topic=input_topic, output_topic=output_topic)
+    settings = settings_module.load(
+        env={}, bootstrap_servers=opts.bootstrap, app_id=run_id, input_topic=input_topic, output_topic=output_topic
+    )
     started = time.monotonic()
     runner = Runner(running_totals.app, settings)
     worker = bench.Worker(runner.run, f"restore-{run_id}")
@@ -335,9 +379,13 @@ def restart_ours(opts: Options, run_id: str, input_topic: str, output_topic: str
                 raise bench.BenchError(f"not ready within {opts.timeout_s:.0f}s")
             time.sleep(bench.SAMPLE_S)
         task = runner.tasks[0]
-        return {"ready_s": (ready_at or now) - started, "first_record_s": now - started,
-                "restore_s": _sample(runner.metrics.restore_seconds),
-                "changelog_records": int(_sample(runner.metrics.restore_records)), "keys": len(task.state)}
+        return {
+            "ready_s": (ready_at or now) - started,
+            "first_record_s": now - started,
+            "restore_s": _sample(runner.metrics.restore_seconds),
+            "changelog_records": int(_sample(runner.metrics.restore_records)),
+            "keys": len(task.state),
+        }
     finally:
         runner.stop()
         worker.join(bench.STOP_TIMEOUT_S)
@@ -358,9 +406,23 @@ class Side:
 
 def build_ours(opts: Options, keys: int) -> Side:
     side = Side("ours", *prepare_restore(opts, "ours", keys))
-    command = [sys.executable, "-m", "pipeline", "--log-level", "warning", "run",
-               "pipeline.examples.running_totals:app", "--bootstrap-servers", opts.bootstrap, "--app-id", side.run_id,
-               "--input-topic", side.input_topic, "--output-topic", side.output_topic]
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "--log-level",
+        "warning",
+        "run",
+        "pipeline.examples.running_totals:app",
+        "--bootstrap-servers",
+        opts.bootstrap,
+        "--app-id",
+        side.run_id,
+        "--input-topic",
+        side.input_topic,
+        "--output-topic",
+        side.output_topic,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
     side.build_s = build_state(command, side.run_id, side.input_topic, keys, opts, env)
     side.changelog_end = high_watermarks(_admin(opts), changelog_topic(side.run_id), [0], opts.timeout_s)[0]
@@ -384,8 +446,11 @@ def restart(opts: Options, side: Side, n: int) -> None:
         result = restart_ours(opts, side.run_id, side.input_topic, side.output_topic)
     else:
         shutil.rmtree(RUN_DIR / side.run_id / "state", ignore_errors=True)
-        result = run_quix_script(quix_command(opts, "restore", side.run_id, side.input_topic, side.output_topic),
-                                 side.run_id, opts.timeout_s + 90)
+        result = run_quix_script(
+            quix_command(opts, "restore", side.run_id, side.input_topic, side.output_topic),
+            side.run_id,
+            opts.timeout_s + 90,
+        )
         if "error" in result:
             raise bench.BenchError(f"Quix restore: {result['error']}")
         began, took = result.get("recovery_began_s"), result.get("recovery_s")
@@ -422,28 +487,37 @@ def _every(runs: Sequence[dict], key: str) -> str:
 
 def restore_table(sides: Sequence[Side], keys: int) -> str:
     labels = {"ours": "this template (in-memory dict)", "quix": "Quix Streams (RocksDB; state dir deleted)"}
-    rows = [f"| {keys:,} keys, 1 partition | changelog end offset | restore s (median) | every run "
-            "| start to restored s | start to new record processed s (median) | every run | load (1 min) at start |",
-            "|---|---:|---:|---|---:|---:|---|---|"]
+    rows = [
+        f"| {keys:,} keys, 1 partition | changelog end offset | restore s (median) | every run "
+        "| start to restored s | start to new record processed s (median) | every run | load (1 min) at start |",
+        "|---|---:|---:|---|---:|---:|---|---|",
+    ]
     for side in sides:
         runs = side.runs
         loads = " / ".join(f"{r['load']:.1f}" for r in runs)
-        rows.append(f"| {labels[side.name]} | {side.changelog_end:,} | {_median(runs, 'restore_s')} | "
-                    f"{_every(runs, 'restore_s')} | {_median(runs, 'ready_s')} | {_median(runs, 'first_record_s')} | "
-                    f"{_every(runs, 'first_record_s')} | {loads} |")
-    notes = [f"{side.name}: state built in {side.build_s:.0f}s (SIGKILLed once its group had committed offset "
-             f"{keys:,})" for side in sides]
+        rows.append(
+            f"| {labels[side.name]} | {side.changelog_end:,} | {_median(runs, 'restore_s')} | "
+            f"{_every(runs, 'restore_s')} | {_median(runs, 'ready_s')} | {_median(runs, 'first_record_s')} | "
+            f"{_every(runs, 'first_record_s')} | {loads} |"
+        )
+    notes = [
+        f"{side.name}: state built in {side.build_s:.0f}s (SIGKILLed once its group had committed offset {keys:,})"
+        for side in sides
+    ]
     ours = next((side for side in sides if side.name == "ours"), None)
     if ours and ours.runs:
-        notes.append(f"ours restored {' / '.join(str(r['keys']) for r in ours.runs)} keys from "
-                     f"{' / '.join(str(r['changelog_records']) for r in ours.runs)} changelog records")
+        notes.append(
+            f"ours restored {' / '.join(str(r['keys']) for r in ours.runs)} keys from "
+            f"{' / '.join(str(r['changelog_records']) for r in ours.runs)} changelog records"
+        )
     return "\n".join([*rows, "", *(f"- {n}" for n in notes)])
 
 
 # -- command line ------------------------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench.peers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench.peers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--quix-python", default=str(ROOT / ".venv-quix" / "bin" / "python"))
     parser.add_argument("--records", type=int, default=200_000, help="input records per throughput run")
@@ -462,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not Path(args.quix_python).exists():
-        raise SystemExit(f"{args.quix_python} missing: python3 -m venv .venv-quix && "
-                         ".venv-quix/bin/pip install quixstreams==3.28.1")
+        raise SystemExit(
+            f"{args.quix_python} missing: python3 -m venv .venv-quix && .venv-quix/bin/pip install quixstreams==3.28.1"
+        )
     opts = Options(args.bootstrap_servers, args.quix_python, args.timeout)
     only = {t.strip() for t in args.only.split(",") if t.strip()}
     unknown = only - {m.name for m in MODES}
@@ -475,9 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         before = bench.load_line("before")
         results = run_throughput(args.records, max(1, args.repeat), opts, only)
         failed = any(r.rate is None or r.error for r in results.values())
-        print(f"### Throughput: {args.records:,} records of {VALUE_SIZE} B, {PARTITIONS} partitions, "
-              f"median of {max(1, args.repeat)}\n\n{throughput_table(results, args.records)}\n\n"
-              f"_{before}; {bench.load_line('after')}_\n", flush=True)
+        print(
+            f"### Throughput: {args.records:,} records of {VALUE_SIZE} B, {PARTITIONS} partitions, "
+            f"median of {max(1, args.repeat)}\n\n{throughput_table(results, args.records)}\n\n"
+            f"_{before}; {bench.load_line('after')}_\n",
+            flush=True,
+        )
     if not args.no_restore:
         before = bench.load_line("before")
         sides: list[Side] = []
@@ -486,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
         except bench.BenchError as e:
             print(f"restore failed: {e}", flush=True)
             failed = True
-        print(f"### Restore: {args.restore_keys:,} keys\n\n{restore_table(sides, args.restore_keys)}\n\n"
-              f"_{before}; {bench.load_line('after')}_", flush=True)
+        print(
+            f"### Restore: {args.restore_keys:,} keys\n\n{restore_table(sides, args.restore_keys)}\n\n"
+            f"_{before}; {bench.load_line('after')}_",
+            flush=True,
+        )
     print(f"\n(peers took {time.monotonic() - started:.0f}s)", file=sys.stderr)
     return 1 if failed else 0

@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "restore":
         result.update(
             recovery_began_s=None if recovery.began is None else recovery.began - started,
-            recovery_s=None if recovery.completed is None or recovery.began is None
+            recovery_s=None
+            if recovery.completed is None or recovery.began is None
             else recovery.completed - recovery.began,
             first_record_s=None if progress.first_at is None else progress.first_at - started,
         )

@@ -1,0 +1,119 @@
+"""Every restore of one runner, as Kafka Streams' StoreChangelogReader or Quix's RecoveryManager: started when p is
+assigned (after the fence), stepped between polls within one budget (docs/guarantees.md: restore-keeps-membership),
+started again after broker trouble (bounded by RESTORE_TIMEOUT_MS), forgotten when p is revoked. One partition's
+restore is pipeline/state/restore.py's ChangelogRestore."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from pipeline.kafka.offsets import EndOffsetsTimeout
+from pipeline.serde import Serde
+from pipeline.settings import Settings
+from pipeline.state import PartitionState
+from pipeline.state.restore import ChangelogRestore, RestoreError
+
+log = logging.getLogger(__name__)
+
+
+class RestoreManager:
+    """Every restore of one runner. The runner starts p's restore when p is assigned (after the fence), steps all
+    of them between polls, takes the finished ones (state, snapshot, changelog end) and forgets p when it goes."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        changelog_topic: str,
+        snapshot_topic: str | None,
+        state_serde: Serde,
+        make_consumer: Callable[[], Consumer],
+        make_admin: Callable[[], AdminClient],
+        admin: AdminClient,
+    ) -> None:
+        self._changelog_topic, self._snapshot_topic, self._state_serde = changelog_topic, snapshot_topic, state_serde
+        self._make_consumer, self._make_admin, self._admin = make_consumer, make_admin, admin
+        self._timeout_s = settings.restore_timeout_ms / 1000
+        self._request_timeout_s = settings.request_timeout_ms / 1000
+        self._step_s = settings.restore_step_ms / 1000
+        self._strict = settings.exactly_once
+        self._committed: dict[int, int | None] = {}  # every partition being restored: the offset to match
+        self._running: dict[int, ChangelogRestore] = {}
+        self._retry_at: dict[int, float] = {}  # after broker trouble: when to start again
+        self._failing_since: dict[int, float] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._committed)
+
+    def running(self) -> dict[int, ChangelogRestore]:
+        return dict(self._running)
+
+    def start(self, p: int, committed_offset: int | None) -> None:
+        """Starts restoring p's state, which must come out covering the group's committed offset of p."""
+        self._committed[p] = committed_offset
+        self._open(p)
+
+    def step(self) -> list[ChangelogRestore]:
+        """Works on every restore for about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership);
+        returns the ones that finished, forgotten here. Raises RestoreError if a state cannot be complete."""
+        now = time.monotonic()
+        for p, retry_at in list(self._retry_at.items()):
+            if now >= retry_at:
+                del self._retry_at[p]
+                self._open(p)
+        if not self._running:
+            return []
+        budget, finished = self._step_s / len(self._running), []
+        for p, restore in list(self._running.items()):
+            try:
+                done = restore.step(budget)
+            except RestoreError:
+                self.forget(p)
+                raise
+            except EndOffsetsTimeout as e:
+                self._running.pop(p).close()
+                self._later(p, e)
+                continue
+            if done:
+                self.forget(p)
+                finished.append(restore)
+        return finished
+
+    def forget(self, p: int) -> None:
+        if (restore := self._running.pop(p, None)) is not None:
+            restore.close()
+        for table in (self._committed, self._retry_at, self._failing_since):
+            table.pop(p, None)
+
+    def _open(self, p: int) -> None:
+        state = PartitionState(self._state_serde)  # a restore started again starts from nothing again
+        try:
+            self._running[p] = ChangelogRestore(
+                self._make_consumer,
+                self._admin,
+                self._changelog_topic,
+                p,
+                state,
+                self._committed[p],
+                self._timeout_s,
+                self._request_timeout_s,
+                strict=self._strict,
+                snapshot_topic=self._snapshot_topic,
+            )
+        except EndOffsetsTimeout as e:
+            self._later(p, e)
+
+    def _later(self, p: int, error: Exception) -> None:
+        """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""
+        now = time.monotonic()
+        failing_since = self._failing_since.setdefault(p, now)
+        if now - failing_since > self._timeout_s:
+            raise RestoreError(f"p{p}: restore kept failing for {now - failing_since:.0f}s: {error}") from error
+        log.warning("p%d: restore cannot go on yet (%s); starting it again in 1 s", p, error)
+        self._retry_at[p] = now + 1.0
+        self._admin = self._make_admin()  # librdkafka may keep stale leader epochs
