@@ -5,7 +5,7 @@ strings, values anything the state serde can encode); `record` is the decoded in
 iterable of `Output`s. The runner makes every call atomic: if `process` raises, its state changes are undone.
 
 Time (optional): an App with `on_timer` may schedule timers from `process` through `state.timers`
-(pipeline/state/timers.py): `state.timers.schedule(key, at_ms, payload=None, clock="stream")`. When one is due,
+(pipeline/state/timed.py): `state.timers.schedule(key, at_ms, payload=None, clock="stream")`. When one is due,
 `on_timer(state, timer) -> outputs` runs, exactly once in committed output (docs/guarantees.md: timers-exactly-once).
 `state_ttl_ms` expires keys not written for that long. `raise Reject("late", "...")` in `process` sends the record
 to the dead-letter topic at once, with that error type, instead of retrying it.
@@ -110,7 +110,7 @@ class App:
 
     @property
     def extended_state(self) -> bool:
-        """Whether its state is a TimedState (pipeline/state/timers.py): timers, TTL or a state version above 1."""
+        """Whether its state is a TimedState (pipeline/state/timed.py): timers, TTL or a state version above 1."""
         return self.timed or self.state_version > 1
 
     def decode(

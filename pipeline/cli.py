@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import enum
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipeline.loading import AppPathError, load_app
+from pipeline.service import configure_logging
 from pipeline.settings import ConfigError, Settings
 
-LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
+if TYPE_CHECKING:
+    from pipeline.kafka.acls import Acl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,12 +43,14 @@ def _dispatch(argv: list[str]) -> int:
     if argv[:1] and argv[0] in delegated:
         import importlib
 
-        logging.basicConfig(level="WARNING", format=LOG_FORMAT)
-        return importlib.import_module(delegated[argv[0]]).main(argv[1:])
+        configure_logging("WARNING")
+        command: Callable[[list[str]], int] = importlib.import_module(delegated[argv[0]]).main
+        return command(argv[1:])
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    configure_logging(args.log_level)
+    run: Callable[[argparse.Namespace], int] = args.command
     try:
-        return args.command(args)
+        return run(args)
     except ConfigError as e:
         print(f"configuration error: {e}", file=sys.stderr)
         return 2
@@ -88,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_acls_parser(commands: argparse._SubParsersAction) -> None:
+def _add_acls_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acls = commands.add_parser(
         "acls",
         help="the least-privilege ACLs of a service: print the kafka-acls.sh lines, or grant them (--apply)",
@@ -129,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     app = load_app(args.app)  # first: a wrong MODULE:ATTR is reported before anything else is imported or read
 
     from pipeline import settings as settings_module
-    from pipeline.kafka.connect import connect_check
+    from pipeline.service import check_connection, run_service
 
     settings = settings_module.load(
         args.config,
@@ -140,25 +146,12 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         sink=args.sink,
     )
-    # Bad credentials or an untrusted certificate: librdkafka would retry for ever; say which setting is wrong.
-    connect_check(settings)
-    if args.workers > 1:  # checked once here; each worker is a `pipeline run` of its own (pipeline/workers.py)
-        from pipeline.workers import supervise
+    if args.workers > 1:  # each worker runs the service with these settings (pipeline/supervisor.py)
+        from pipeline.supervisor import supervise
 
-        return supervise(args, settings, stop_requested)
-    if settings.sink == "postgres":  # PIPELINE_SINK=postgres or --sink postgres: pipeline/postgres
-        from pipeline.postgres.runner import PgRunner
-
-        runner = PgRunner(app, settings)
-    else:
-        from pipeline.runner import Runner
-
-        runner = Runner(app, settings)
-    runner.install_signal_handlers()
-    if stop_requested.is_set():
-        return 0
-    runner.run()
-    return 0
+        check_connection(settings)  # once here, before any worker starts
+        return supervise(args.app, settings, args.workers, args.log_level, stop_requested)
+    return run_service(app, settings, stop_requested)
 
 
 def _positive(text: str) -> int:
@@ -168,7 +161,8 @@ def _positive(text: str) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})
     wanted = []
@@ -241,10 +235,10 @@ def _acls(args: argparse.Namespace) -> int:
     return _grant(settings, grants)
 
 
-def _grant(admin_settings: Settings, grants: list[tuple[str, str, list]]) -> int:
+def _grant(admin_settings: Settings, grants: list[tuple[str, str, list[Acl]]]) -> int:
     """create_acls with the admin's settings; one line per binding granted or refused."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ResourcePatternType
+    from confluent_kafka.admin import AdminClient, ResourcePatternType  # type: ignore[attr-defined]  # not in its stubs' exports
 
     from pipeline.kafka.acls import bindings
     from pipeline.kafka.clients import client_config
@@ -257,8 +251,8 @@ def _grant(admin_settings: Settings, grants: list[tuple[str, str, list]]) -> int
     for principal, _, acls in grants:
         for binding, future in admin.create_acls(bindings(principal, acls)).items():
             prefixed = " (prefixed)" if binding.resource_pattern_type == ResourcePatternType.PREFIXED else ""
-            resource = f"{binding.restype.name.lower()} {binding.name!r}{prefixed}"
-            what = f"{binding.operation.name} on {resource} to {principal}"
+            resource = f"{_name(binding.restype).lower()} {binding.name!r}{prefixed}"
+            what = f"{_name(binding.operation)} on {resource} to {principal}"
             try:
                 future.result(timeout_s)
                 print(f"granted {what}")
@@ -266,3 +260,8 @@ def _grant(admin_settings: Settings, grants: list[tuple[str, str, list]]) -> int
                 failed += 1
                 print(f"pipeline acls: cannot grant {what}: {e.args[0]}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _name(value: enum.Enum | str | int) -> str:
+    """An admin binding's resource type or operation (enums in practice; its stubs allow str and int too)."""
+    return value.name if isinstance(value, enum.Enum) else str(value)

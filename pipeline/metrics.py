@@ -1,7 +1,7 @@
 """Prometheus metrics and the health endpoint (/metrics, /ready, /live) of one runner.
 
 Under `pipeline run --workers N` each worker writes its metrics to PROMETHEUS_MULTIPROC_DIR and the supervisor serves
-them merged (pipeline/workers.py): each gauge says how its workers' values combine (multiprocess_mode, ignored in a
+them merged (pipeline/supervisor.py): each gauge says how its workers' values combine (multiprocess_mode, ignored in a
 single process)."""
 
 from __future__ import annotations
@@ -92,6 +92,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+
+    def observe_restore(self, partition: int, seconds: float, records: int, snapshot_entries: int = 0) -> None:
+        """A finished restore of `partition`: how long it took, the changelog records (or rows) it read, and the
+        state entries it took from a full snapshot."""
+        label = str(partition)
+        self.restore_seconds.labels(label).set(seconds)
+        self.restore_records.labels(label).inc(records)
+        self.restore_snapshot_entries.labels(label).inc(snapshot_entries)
 
     def observe_end_to_end(self, first_timestamp_ms: int, last_timestamp_ms: int) -> None:
         """Right after a commit: the latency of the transaction's first and last input record, from their Kafka

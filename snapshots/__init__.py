@@ -7,7 +7,7 @@ runtime's chunk emitter and verifier (pipeline/state/snapshot_writer.py `emit_ch
 all-or-nothing-snapshots).
 
     snapshots compact --bootstrap-servers HOST:9092 --app-id APP [--master local[2]] [--keep-history]
-    spark-submit --jars <kafka connector jars> snapshots/compact.py --bootstrap-servers ... --app-id APP
+    spark-submit --jars <kafka connector jars> snapshots/submit.py --bootstrap-servers ... --app-id APP
     snapshots show --bootstrap-servers HOST:9092 --app-id APP          (also `pipeline snapshots ...`)
 
 A run (`compact.compact`), per partition p of `<app>-changelog`:

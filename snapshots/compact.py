@@ -1,7 +1,7 @@
 """The compaction job: folds the latest full snapshot of each partition and the changelog since into the next one.
 
     snapshots compact --bootstrap-servers HOST:9092 --app-id APP [--master local[2]] [--keep-history]
-    spark-submit --jars <kafka connector jars> snapshots/compact.py --bootstrap-servers ... --app-id APP
+    spark-submit --jars <kafka connector jars> snapshots/submit.py --bootstrap-servers ... --app-id APP
 
 `compact(spark, Options)` is one run, in the steps of the modules next to this one (the package's docstring tells the
 whole story). The live pipeline needs no restart: its next restore of p uses the newest snapshot. The job prints what
@@ -158,10 +158,5 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-# spark-submit snapshots/compact.py ...: run the installed module, so that executors unpickle its functions (and those
-# of snapshots.fold) by reference. spark-submit also puts this directory first on sys.path: no module in it may be
-# named like a library the job imports.
-if __name__ == "__main__":
-    from snapshots.compact import main as installed_main
-
-    sys.exit(installed_main())
+if __name__ == "__main__":  # executors could not unpickle this module's functions from __main__
+    sys.exit("spark-submit snapshots/submit.py, not snapshots/compact.py (see snapshots/submit.py)")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from pipeline.errors import is_fenced, kafka_error
+from pipeline.kafka.errors import is_fenced, kafka_error
 from pipeline.kafka.offsets import low_watermarks, stable_end_offsets
 from pipeline.kafka.permissions import missing_transactional_id
 from pipeline.state.snapshot_finder import ManifestScan

@@ -19,8 +19,8 @@ from psycopg import sql
 
 from pipeline.app import Output
 from pipeline.examples import running_totals
-from pipeline.postgres.schema import Column, Table
-from pipeline.postgres.sink import OutputRow, PostgresApp, StoredOutput, Target
+from pipeline.sinks.postgres.schema import Column, Table
+from pipeline.sinks.postgres.tables import OutputRow, PostgresApp, StoredOutput, Target
 
 
 class TotalsSink:

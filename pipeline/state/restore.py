@@ -314,6 +314,14 @@ class ChangelogRestore:
     def seconds(self) -> float:
         return time.monotonic() - self.started
 
+    def summary(self) -> str:
+        """For the log line of a finished restore."""
+        source = self.snapshot.snapshot_id if self.snapshot else "no snapshot"
+        return (
+            f"p{self.partition} restored: {len(self.state)} keys from {self.snapshot_entries} snapshot entries "
+            f"({source}) and {self.records} changelog records in {self.seconds:.2f}s"
+        )
+
     def _apply(self, messages: list[Message]) -> None:
         if not messages:
             return

@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
-from pipeline.deadletter import dead_letter_topic
+from pipeline.core.deadletter import dead_letter_topic
 from pipeline.kafka.offsets import TailReader, high_watermarks, low_watermarks, read_to_end
 from pipeline.state.changelog import changelog_topic
 from pipeline.testing.oracle import KafkaRecord, RunData, TopicDump

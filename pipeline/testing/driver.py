@@ -9,12 +9,13 @@ TopologyTestDriver for this template). Runs in milliseconds.
     driver.crash()                                           # open transactions lost, state restored
     driver.verify()                                          # the checker's verdict over everything so far
 
-Each record goes through `PartitionTask.process` and each commit through `PartitionTask.commit`, the code the Kafka
-runner runs, against in-memory clients (pipeline/testing/memory.py) whose transactions commit outputs, changelog
-and offsets together or not at all. The driver plays the runner's part: it fetches the input from the committed
-position, calls `tick` every turn (wall-clock timers, bursts of due timers), turns an aborted transaction into a
-rewind, and takes a crashed partition over like a new owner (fence, committed offset, restore by folding the
-committed changelog, checkpoint checked against the offset). By default it commits after each call.
+Each record goes through `KafkaTask.process` and each commit through `commit_transaction`, the code the Kafka
+runner runs (pipeline/sinks/kafka/), against in-memory clients (pipeline/testing/memory.py) whose transactions
+commit outputs, changelog and offsets together or not at all. The driver plays the rest of the runner's part: it
+fetches the input from the committed position, calls `tick` every turn (wall-clock timers, bursts of due timers),
+turns an aborted transaction into a rewind, and takes a crashed partition over like a new owner (fence, committed
+offset, restore by folding the committed changelog, checkpoint checked against the offset). By default it commits
+after each call.
 """
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ from confluent_kafka import Message
 
 from pipeline import settings as settings_module
 from pipeline.app import App, Timer
-from pipeline.deadletter import DeadLetter, dead_letter_topic
-from pipeline.lifecycle import Phase
+from pipeline.core.deadletter import DeadLetter, dead_letter_topic
+from pipeline.core.lifecycle import Phase
+from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
-from pipeline.processing import PoisonRecordStop
-from pipeline.provenance import TimerSource, decode_source, decode_timer
+from pipeline.sinks.kafka.runner import abort_and_rewind, commit_transaction
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted, transactional_id
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint, changelog_topic, is_checkpoint
-from pipeline.state.timers import TimedState
-from pipeline.task import PartitionTask, TaskContext, TransactionAborted
+from pipeline.state.timed import TimedState
 from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
 from pipeline.testing.oracle.records import KafkaRecord
@@ -72,7 +75,7 @@ class AppDriver:
         for topic in (self.input_topic, self.output_topic, self.changelog_topic, self.dead_letter_topic):
             self.broker.create(topic, partitions)
         self.consumer = MemoryConsumer(self.broker)
-        self._ctx = TaskContext(
+        self._ctx = KafkaTaskContext(
             app,
             self.settings,
             app.name,
@@ -81,12 +84,10 @@ class AppDriver:
             self.changelog_topic,
             self.dead_letter_topic,
             self.consumer,  # type: ignore[arg-type]
-            lambda txn_id: MemoryProducer(self.broker, txn_id),  # type: ignore[arg-type,return-value]
             Metrics(),
-            self._abort_hook(),
             wall_clock=lambda: self.now_ms,
         )
-        self.tasks: dict[int, PartitionTask] = {}
+        self.tasks: dict[int, KafkaTask] = {}
         for p in range(partitions):
             self._take_over(p)
 
@@ -139,8 +140,10 @@ class AppDriver:
             rewound = []
             for p, task in self.tasks.items():
                 if task.phase is Phase.RUNNING:
-                    self._guarded(task, task.commit)
-                    if task.phase is Phase.REWINDING or self.consumer.positions[p] < len(self._input(p)):
+                    self._guarded(task, commit_transaction, task.txn, self.consumer)
+                    # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
+                    rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
+                    if rewound_now or self.consumer.positions[p] < len(self._input(p)):
                         rewound.append(p)
             if not rewound:
                 return
@@ -217,8 +220,12 @@ class AppDriver:
         return (lambda n: n % every == 0) if every > 0 else None
 
     def _take_over(self, p: int) -> None:
-        task = PartitionTask(self._ctx, p)
-        task.fence()
+        """As the runner's, with a producer per partition (PRODUCERS=per_partition)."""
+        txn_id = transactional_id(self.app.name, self.input_topic, p) if self.settings.exactly_once else None
+        producer = MemoryProducer(self.broker, txn_id)
+        txn = Transaction(producer, self.settings, f"p{p}", self._abort_hook())  # type: ignore[arg-type]
+        task = KafkaTask(self._ctx, p, txn)
+        txn.fence()
         committed = self.committed_offset(p)
         task.start(committed)
         self.consumer.positions[p] = committed or 0
@@ -235,7 +242,7 @@ class AppDriver:
             if is_checkpoint(record.key, list(record.headers)):
                 checkpoint = Checkpoint.decode(record.value or b"")
             else:
-                state.load([(record.key.decode(), record.value)])
+                state.load([((record.key or b"").decode(), record.value)])
         covered = checkpoint.next_input_offset if checkpoint else None
         if covered != committed:
             raise AssertionError(
@@ -261,7 +268,7 @@ class AppDriver:
         task = self.tasks[p]
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
-                task.try_seek_back()
+                task.try_seek_back(self.consumer)  # type: ignore[arg-type]
             if task.phase is not Phase.RUNNING:
                 return
             batch = self._fetch(p)
@@ -272,7 +279,7 @@ class AppDriver:
             if not (
                 batch
                 or task.holding
-                or task.phase is Phase.REWINDING
+                or task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]  # process() may rewind p
                 or (isinstance(state, TimedState) and state.has_due("wall", self.now_ms))
             ):
                 return
@@ -302,15 +309,15 @@ class AppDriver:
         """Input partition p (offsets are list indexes: nothing in it is ever aborted)."""
         return self.broker.records[(self.input_topic, p)]
 
-    def _guarded(self, task: PartitionTask, step: Callable, *args: Any) -> None:
+    def _guarded(self, task: KafkaTask, step: Callable[..., None], *args: Any) -> None:
         """As the runner's: an aborted transaction rewinds, a poison record with ON_POISON=stop stops p after
         committing what came before. A dropped partition (fenced) is raised to the test."""
         try:
             step(*args)
         except TransactionAborted:
-            task.abort_and_rewind()
+            abort_and_rewind(task)
         except PoisonRecordStop as e:
-            task.commit()
+            commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
 

@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from pipeline.app import App
-from pipeline.postgres.sink import Target
+from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import checker, inputs, postgres_checker
 from pipeline.testing.drain import Observer, observe
 from pipeline.testing.harness import (

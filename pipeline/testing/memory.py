@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the Kafka clients PartitionTask uses, for the test driver (pipeline/testing/driver.py).
+"""An in-memory stand-in for the Kafka clients KafkaTask uses, for the test driver (pipeline/testing/driver.py).
 
 Only what the task calls, with the semantics the exactly-once protocol relies on: a transactional producer whose
 records and offsets become visible together on commit and vanish on abort (their offsets stay used, as in Kafka),
@@ -80,6 +80,8 @@ class MemoryProducer:
 
     def init_transactions(self, *args: Any) -> None:
         """Fences every earlier producer with this transactional.id and drops its open transaction."""
+        if self.transactional_id is None:  # not transactional: nothing to fence
+            return
         self.broker.epochs[self.transactional_id] += 1
         self.epoch = self.broker.epochs[self.transactional_id]
 
@@ -94,7 +96,7 @@ class MemoryProducer:
         key: Any = None,
         partition: int = -1,
         headers: Any = None,
-        on_delivery: Callable | None = None,
+        on_delivery: Callable[[Any, Delivered], None] | None = None,
         timestamp: int = 0,
         **kwargs: Any,
     ) -> None:

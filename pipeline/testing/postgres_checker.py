@@ -28,13 +28,13 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from pipeline.app import App
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.kafka.offsets import high_watermarks
 from pipeline.loading import load_app
-from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
-from pipeline.postgres.sink import StoredOutput, Target, sink_of
-from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
+from pipeline.sinks.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
+from pipeline.sinks.postgres.tables import StoredOutput, Target, sink_of
 from pipeline.testing.drain import drain_topic
 from pipeline.testing.oracle import (
     KafkaRecord,

@@ -15,10 +15,10 @@ from confluent_kafka.admin import AdminClient
 from support import eventually
 
 from pipeline.app import App
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.examples import running_totals
 from pipeline.kafka.offsets import ReadToEndTimeout
-from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.testing.checker import main, verify
 from pipeline.testing.drain import drain_topic, observe

@@ -12,19 +12,20 @@ import uuid
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline import settings
+from pipeline.core.lifecycle import Phase
 from pipeline.examples.running_totals import app as totals
-from pipeline.lifecycle import Phase
-from pipeline.runner import Runner
-from pipeline.task import PartitionDropped, PartitionTask
+from pipeline.sinks.kafka.runner import KafkaRunner, commit_transaction
+from pipeline.sinks.kafka.task import KafkaTask
+from pipeline.sinks.kafka.transaction import PartitionDropped
 from pipeline.testing import checker, inputs
 from tests.support import eventually
 
 
-class RestoreBeforeFenceRunner(Runner):
+class RestoreBeforeFenceRunner(KafkaRunner):
     """Test double breaking fence-first: reads p's committed offset and restores p's state, then fences."""
 
     def _take_over(self, partitions: list[int], reassign: bool) -> None:
-        tasks = [PartitionTask(self.ctx, p) for p in partitions]
+        tasks = [KafkaTask(self.ctx, p, self._transaction_for(p)) for p in partitions]
         committed = self._committed_offsets(partitions)
         for task in tasks:
             task.start(committed[task.partition])
@@ -36,13 +37,13 @@ class RestoreBeforeFenceRunner(Runner):
                 finished = [r for r in self.restores.step() if r.partition == task.partition]
             restore = finished[0]
             task.restored(restore.state, restore.snapshot, restore.end)
-        self._fence_all(tasks)
+        self._fence(tasks)
         self.consumer.incremental_assign([TopicPartition(self.input_topic, p, committed[p] or 0) for p in partitions])
         for task in tasks:
             self.tasks[task.partition] = task
 
 
-def zombie_with_open_transaction(runner: Runner, bootstrap: str) -> PartitionTask:
+def zombie_with_open_transaction(runner: KafkaRunner, bootstrap: str) -> KafkaTask:
     """A previous owner of p0 that processed every input record in a transaction it has not committed yet."""
     consumer = Consumer(
         {
@@ -53,8 +54,8 @@ def zombie_with_open_transaction(runner: Runner, bootstrap: str) -> PartitionTas
         }
     )
     consumer.assign([TopicPartition(runner.input_topic, 0, 0)])
-    zombie = PartitionTask(dataclasses.replace(runner.ctx, consumer=consumer), 0)
-    zombie.fence()
+    zombie = KafkaTask(dataclasses.replace(runner.ctx, consumer=consumer), 0, runner._transaction_for(0))
+    zombie.txn.fence()
     zombie.start(None)
     zombie.phase = Phase.RUNNING
     records = []
@@ -64,27 +65,28 @@ def zombie_with_open_transaction(runner: Runner, bootstrap: str) -> PartitionTas
     return zombie
 
 
-def run_takeover(runner_class: type[Runner], bootstrap: str) -> checker.Verdict:
+def run_takeover(runner_class: type[KafkaRunner], bootstrap: str) -> checker.Verdict:
     suffix = uuid.uuid4().hex[:8]
     app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
     inputs.create_topics(bootstrap, {app.input_topic: 1, app.output_topic: 1})
     inputs.produce_running_totals(bootstrap, app.input_topic, 50, partitions=1)
     # A producer per partition: the fence under test is init_transactions on transactional.id(p).
     config = settings.load(env={}, bootstrap_servers=bootstrap, app_id=f"rule1-{suffix}", producers="per_partition")
-    zombie: PartitionTask | None = None
+    zombie: KafkaTask | None = None
 
     class ZombieCommitsJustBeforeTheFence(runner_class):
-        def _fence_all(self, tasks):
+        def _fence(self, tasks):
             with contextlib.suppress(PartitionDropped):
-                zombie.commit()  # the last thing a zombie can do: everything read after the fence sees it
-            super()._fence_all(tasks)
+                # the last thing a zombie can do: everything read after the fence sees it
+                commit_transaction(zombie.txn, zombie.ctx.consumer)
+            super()._fence(tasks)
 
     runner = ZombieCommitsJustBeforeTheFence(app, config)
     runner.open()
     zombie = zombie_with_open_transaction(runner, bootstrap)
     runner._take_over([0], reassign=False)
     eventually(lambda: runner._loop_once() or runner.tasks[0].next_offset == 50, timeout_s=30, interval_s=0)
-    runner.tasks[0].commit()
+    runner._commit(runner.tasks[0].txn)
     runner._shutdown()
     return checker.verify(
         app,
@@ -97,7 +99,7 @@ def run_takeover(runner_class: type[Runner], bootstrap: str) -> checker.Verdict:
 
 
 def test_fencing_first_keeps_the_zombie_out(kafka_bootstrap):
-    verdict = run_takeover(Runner, kafka_bootstrap)
+    verdict = run_takeover(KafkaRunner, kafka_bootstrap)
     assert verdict.ok, verdict.summary()
 
 

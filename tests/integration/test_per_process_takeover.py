@@ -22,13 +22,13 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from pipeline import settings
+from pipeline.core.lifecycle import Phase
 from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.clients import consumer_config, producer_config
-from pipeline.lifecycle import Phase
-from pipeline.runner import Runner
-from pipeline.task import PartitionTask
+from pipeline.sinks.kafka.runner import KafkaRunner
+from pipeline.sinks.kafka.task import KafkaTask
+from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.testing import checker, inputs
-from pipeline.transaction import Transaction
 from tests.support import eventually
 
 RECORDS = 50
@@ -37,22 +37,22 @@ TRANSACTION_TIMEOUT_MS = 6_000
 
 @dataclasses.dataclass
 class Zombie:
-    task: PartitionTask
+    task: KafkaTask
     consumer: Consumer
 
     def commit(self) -> None:
         self.task.txn.call(self.task.producer.commit_transaction, 10)
 
 
-def zombie_with_pending_offsets(runner: Runner, config: settings.Settings) -> Zombie:
+def zombie_with_pending_offsets(runner: KafkaRunner, config: settings.Settings) -> Zombie:
     """A member of the group that processed all of p0 and sent p0's offsets into its transaction, then left the
     group without committing or aborting (as a process stopped between send_offsets and commit would)."""
     consumer = Consumer(consumer_config(config, runner.app_id))
     consumer.subscribe([runner.input_topic])
     producer = Producer(producer_config(config, f"{runner.app_id}.zombie"))
     txn = Transaction(producer, config, "zombie")
-    task = PartitionTask(dataclasses.replace(runner.ctx, consumer=consumer, shared_transaction=lambda: txn), 0)
-    task.fence()
+    task = KafkaTask(dataclasses.replace(runner.ctx, consumer=consumer), 0, txn)
+    txn.fence()
     task.start(None)
     task.phase = Phase.RUNNING
     records: list = []
@@ -68,7 +68,7 @@ def zombie_with_pending_offsets(runner: Runner, config: settings.Settings) -> Zo
 
 
 @pytest.fixture
-def setup(kafka_bootstrap: str) -> Iterator[tuple[Runner, settings.Settings]]:
+def setup(kafka_bootstrap: str) -> Iterator[tuple[KafkaRunner, settings.Settings]]:
     suffix = uuid.uuid4().hex[:8]
     app = totals.with_topics(f"in-{suffix}", f"out-{suffix}")
     inputs.create_topics(kafka_bootstrap, {app.input_topic: 1, app.output_topic: 1})
@@ -81,13 +81,13 @@ def setup(kafka_bootstrap: str) -> Iterator[tuple[Runner, settings.Settings]]:
         transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
         commit_interval_ms=200,
     )
-    runner = Runner(app, config)
+    runner = KafkaRunner(app, config)
     runner.open()
     yield runner, config
     runner.stop()
 
 
-def take_over(runner: Runner) -> tuple[threading.Thread, float]:
+def take_over(runner: KafkaRunner) -> tuple[threading.Thread, float]:
     """Starts the new owner; returns its thread and when it started."""
     thread = threading.Thread(target=runner.run, daemon=True)
     started = time.monotonic()
@@ -95,12 +95,12 @@ def take_over(runner: Runner) -> tuple[threading.Thread, float]:
     return thread, started
 
 
-def owns_p0_running(runner: Runner) -> bool:
+def owns_p0_running(runner: KafkaRunner) -> bool:
     task = runner.tasks.get(0)
     return task is not None and task.phase is Phase.RUNNING
 
 
-def verdict(runner: Runner, thread: threading.Thread) -> checker.Verdict:
+def verdict(runner: KafkaRunner, thread: threading.Thread) -> checker.Verdict:
     eventually(lambda: runner.tasks[0].committed_offset == RECORDS, timeout_s=30, interval_s=0.1)
     runner.stop()
     thread.join(30)

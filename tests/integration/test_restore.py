@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline import settings
 from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.offsets import TailReader
-from pipeline.runner import Runner
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.state.restore import RestoreError
 from pipeline.testing import checker, inputs
 from pipeline.testing.harness import wait_caught_up
@@ -30,12 +30,12 @@ def fresh_app(bootstrap: str, partitions: int = 1):
     return app, f"restore-{suffix}"
 
 
-def make_runner(app, app_id: str, bootstrap: str, **overrides) -> Runner:
-    return Runner(app, settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id, **overrides))
+def make_runner(app, app_id: str, bootstrap: str, **overrides) -> KafkaRunner:
+    return KafkaRunner(app, settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id, **overrides))
 
 
 @contextmanager
-def running(runner: Runner) -> Iterator[Runner]:
+def running(runner: KafkaRunner) -> Iterator[KafkaRunner]:
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -127,7 +127,7 @@ def slow_restore(monkeypatch):
     monkeypatch.setattr(TailReader, "step", slow_step)
 
 
-def restore_a_long_changelog(bootstrap: str, runner_class: type[Runner], until) -> Runner:
+def restore_a_long_changelog(bootstrap: str, runner_class: type[KafkaRunner], until) -> KafkaRunner:
     app, app_id = fresh_app(bootstrap)
     runner = runner_class(
         app,
@@ -151,17 +151,17 @@ def restore_a_long_changelog(bootstrap: str, runner_class: type[Runner], until) 
 def test_long_restore_keeps_the_group_membership(kafka_bootstrap, slow_restore):
     restore_seconds = []
 
-    def restored(r: Runner) -> bool:
+    def restored(r: KafkaRunner) -> bool:
         if r.tasks and r.is_ready():
             restore_seconds.append(r.metrics.restore_seconds.labels("0")._value.get())
         return bool(restore_seconds)
 
-    runner = restore_a_long_changelog(kafka_bootstrap, Runner, restored)
+    runner = restore_a_long_changelog(kafka_bootstrap, KafkaRunner, restored)
     assert restore_seconds[0] > 6  # longer than max.poll.interval.ms
     assert runner.metrics.lost._value.get() == 0
 
 
-class BlockingRestoreRunner(Runner):
+class BlockingRestoreRunner(KafkaRunner):
     """Test double breaking restore-keeps-membership: restores each partition to the end in one go on the poll
     thread."""
 
@@ -181,7 +181,7 @@ def test_snapshot_on_shutdown_makes_the_next_restore_read_no_changelog(kafka_boo
     app, app_id = fresh_app(kafka_bootstrap, partitions=2)
     inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 3_000, partitions=2, seed=5)
     with (
-        caplog.at_level("INFO", logger="pipeline.runner"),
+        caplog.at_level("INFO", logger="pipeline.sinks.kafka"),
         running(make_runner(app, app_id, kafka_bootstrap, snapshot_on_shutdown=True)),
     ):
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 2, 60)

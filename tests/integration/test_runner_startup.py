@@ -9,8 +9,8 @@ import pytest
 
 from pipeline import settings
 from pipeline.examples.running_totals import app as totals
-from pipeline.runner import Runner
 from pipeline.settings import ConfigError
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.testing import checker, inputs
 from pipeline.testing.harness import wait_caught_up
 from tests.integration.test_restore import fresh_app, running
@@ -19,7 +19,7 @@ from tests.support import eventually
 
 def test_missing_input_topic_is_named(kafka_bootstrap):
     app = totals.with_topics(f"absent-{uuid.uuid4().hex[:8]}", "also-absent")
-    runner = Runner(app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id="missing"))
+    runner = KafkaRunner(app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id="missing"))
     with pytest.raises(ConfigError, match=r"INPUT_TOPIC: topic 'absent-\w+' does not exist"):
         runner.run()
 
@@ -27,7 +27,7 @@ def test_missing_input_topic_is_named(kafka_bootstrap):
 def test_changelog_with_another_partition_count_is_refused(kafka_bootstrap):
     app, app_id = fresh_app(kafka_bootstrap, partitions=3)
     inputs.create_topics(kafka_bootstrap, {f"{app_id}-changelog": 2})
-    runner = Runner(app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id))
+    runner = KafkaRunner(app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id))
     with pytest.raises(ConfigError, match=r"has 2 partitions but INPUT_TOPIC .* has 3"):
         runner.run()
 
@@ -35,7 +35,7 @@ def test_changelog_with_another_partition_count_is_refused(kafka_bootstrap):
 def test_unreachable_broker_fails_with_a_bounded_clear_error():
     config = settings.load(env={}, bootstrap_servers="127.0.0.1:1", app_id="nowhere", request_timeout_ms=2_000)
     with pytest.raises(ConfigError, match="BOOTSTRAP_SERVERS: no cluster metadata within 2s"):
-        Runner(totals, config).run()
+        KafkaRunner(totals, config).run()
 
 
 def test_at_least_once_happy_path_loses_nothing(kafka_bootstrap):
@@ -44,7 +44,7 @@ def test_at_least_once_happy_path_loses_nothing(kafka_bootstrap):
     config = settings.load(
         env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, processing_guarantee="at_least_once"
     )
-    with running(Runner(app, config)):
+    with running(KafkaRunner(app, config)):
         assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 3, 60)
     verdict = checker.verify(
         app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
@@ -55,7 +55,9 @@ def test_at_least_once_happy_path_loses_nothing(kafka_bootstrap):
 def test_metrics_and_readiness_are_served(kafka_bootstrap):
     app, app_id = fresh_app(kafka_bootstrap, partitions=3)
     inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 3_000, partitions=3)
-    runner = Runner(app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, metrics_port=19464))
+    runner = KafkaRunner(
+        app, settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, metrics_port=19464)
+    )
 
     def get(path: str) -> tuple[int, str]:
         try:

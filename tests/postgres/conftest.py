@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.loading import load_app
-from pipeline.postgres.sink import Target
+from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import inputs, postgres_checker
 from pipeline.testing.faults import produce_paced
 from pipeline.testing.harness import Fleet

@@ -14,10 +14,10 @@ from psycopg import sql
 from pipeline import settings
 from pipeline.examples.running_totals_pg import TotalsSink
 from pipeline.examples.running_totals_pg import app as totals_pg
-from pipeline.postgres import worker
-from pipeline.postgres.runner import PgRunner
-from pipeline.postgres.schema import STATE, ensure_schema
-from pipeline.postgres.sink import Target
+from pipeline.sinks.postgres import task as task_module
+from pipeline.sinks.postgres.runner import PostgresRunner
+from pipeline.sinks.postgres.schema import STATE, ensure_schema
+from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import checker, inputs, postgres_checker
 from tests.integration.test_restore import running
 from tests.plugins.postgres import connect
@@ -33,14 +33,14 @@ BULK_PREFIX = "bulk-"  # keys no input record has: the checker's reference never
 def slow_pages(monkeypatch) -> list[int]:
     """Every page of the restore takes 100 ms longer: 100 pages of 10,000 rows make it last over 10 s, longer than
     max.poll.interval.ms (6 s) whatever the machine's speed. Returns the pages read so far (a list of one count)."""
-    original, pages = worker.PgWorker._read_page, [0]
+    original, pages = task_module.PostgresTask._read_page, [0]
 
     def slow_read_page(self, conn):
         time.sleep(0.1)
         pages[0] += 1
         return original(self, conn)
 
-    monkeypatch.setattr(worker.PgWorker, "_read_page", slow_read_page)
+    monkeypatch.setattr(task_module.PostgresTask, "_read_page", slow_read_page)
     return pages
 
 
@@ -80,7 +80,7 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
         request_timeout_ms=2_000,
         restore_step_ms=100,
     )
-    first, second = PgRunner(totals_pg, config), PgRunner(totals_pg, config)
+    first, second = PostgresRunner(totals_pg, config), PostgresRunner(totals_pg, config)
     with running(first):
         eventually(lambda: slow_pages[0] >= 5, timeout_s=60)  # restoring
         with running(second):
@@ -89,7 +89,7 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
             restore_seconds = first.metrics.restore_seconds.labels("0")._value.get()
     assert not lag, f"offsets table did not catch up: {lag}"
     assert first.metrics.lost._value.get() == 0
-    assert restored == BULK_ROWS and not second.workers  # restored once, by the member that kept p
+    assert restored == BULK_ROWS and not second.tasks  # restored once, by the member that kept p
     assert restore_seconds > 6  # longer than max.poll.interval.ms
 
     with connect(postgres_dsn, autocommit=True) as conn:  # the bulk rows stayed as they were; then out of the way

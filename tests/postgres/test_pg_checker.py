@@ -8,9 +8,9 @@ from dataclasses import replace
 import orjson
 
 from pipeline.app import Output
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
 from pipeline.examples.running_totals_pg import app
-from pipeline.postgres.sink import StoredOutput
+from pipeline.sinks.postgres.tables import StoredOutput
 from pipeline.testing.oracle import KafkaRecord, TopicDump
 from pipeline.testing.postgres_checker import TableRun, check_tables
 

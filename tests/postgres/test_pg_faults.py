@@ -15,7 +15,7 @@ from tests.postgres.conftest import TOTALS_PG, assert_exactly_once, totals_input
 from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
-UNFENCED = "tests.postgres.unfenced:app"  # runs in the pipeline processes only: importing it patches PgWorker
+UNFENCED = "tests.postgres.unfenced:app"  # runs in the pipeline processes only: importing it patches PostgresTask
 
 
 def test_happy_path_two_instances_with_poison_records(pg_run):

@@ -1,6 +1,6 @@
-"""worker(p) of the PostgreSQL sink against a real server, in-process, with records handed in directly: the
-epoch check rolls a fenced owner's batch back, restore reads offset and state from the tables, a failed batch
-leaves nothing, and a writer paused mid-transaction cannot block the next owner's fence for long."""
+"""task(p) of the PostgreSQL sink and its commit (commit_batch) against a real server, in-process, with records handed
+in directly: the epoch check rolls a fenced owner's batch back, restore reads offset and state from the tables, a
+failed batch leaves nothing, and a writer paused mid-transaction cannot block the next owner's fence for long."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from psycopg import sql
 
 from pipeline.examples.running_totals_pg import TotalsSink, app
 from pipeline.metrics import Metrics
-from pipeline.postgres.schema import connection_kwargs, ensure_schema
-from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
 from pipeline.settings import Settings
+from pipeline.sinks.postgres.runner import commit_batch
+from pipeline.sinks.postgres.schema import connection_kwargs, ensure_schema
+from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed
 from tests.plugins.postgres import connect
 
 pytestmark = pytest.mark.postgres
@@ -28,7 +29,7 @@ TOPIC = "in"
 
 @dataclass
 class FakeMessage:
-    """What PgWorker.process reads of a confluent_kafka.Message."""
+    """What PostgresTask.process reads of a confluent_kafka.Message."""
 
     _partition: int
     _offset: int
@@ -65,7 +66,7 @@ def messages(first: int, last: int, partition: int = 0) -> list[FakeMessage]:
 
 
 @pytest.fixture
-def ctx(postgres_dsn: str, pg_schema: str) -> Iterator[WorkerContext]:
+def ctx(postgres_dsn: str, pg_schema: str) -> Iterator[PostgresTaskContext]:
     settings = Settings(
         sink="postgres",
         postgres_dsn=postgres_dsn,
@@ -77,39 +78,39 @@ def ctx(postgres_dsn: str, pg_schema: str) -> Iterator[WorkerContext]:
     with connect(postgres_dsn, autocommit=True) as conn:
         ensure_schema(conn, pg_schema, TotalsSink.tables)
     with psycopg_pool.ConnectionPool(postgres_dsn, min_size=1, max_size=4, kwargs=kwargs) as pool:
-        yield WorkerContext(app, settings, "app", TOPIC, pool, TotalsSink(), Metrics(), "test")
+        yield PostgresTaskContext(app, settings, "app", TOPIC, pool, TotalsSink(), Metrics(), "test")
 
 
-def table(ctx: WorkerContext, query: str) -> list[tuple]:
+def table(ctx: PostgresTaskContext, query: str) -> list[tuple]:
     with connect(ctx.settings.postgres_dsn) as conn:
         return conn.execute(sql.SQL(query).format(s=sql.Identifier(ctx.settings.postgres_schema))).fetchall()
 
 
 def test_the_old_owners_batch_fails_the_epoch_check_and_leaves_nothing(ctx):
-    old, new = PgWorker(ctx, 0), PgWorker(ctx, 0)
+    old, new = PostgresTask(ctx, 0), PostgresTask(ctx, 0)
     assert old.take_over() is None and old.epoch == 1
     old.process(messages(0, 10))
     assert new.take_over() is None and new.epoch == 2  # fenced before it read anything of p
     with pytest.raises(Fenced, match="epoch 1 fenced"):
-        old.commit()
+        commit_batch(old)
     assert table(ctx, "SELECT count(*) FROM {s}.outputs") == [(0,)]
     assert table(ctx, "SELECT next_offset, epoch FROM {s}.pipeline_offsets") == [(None, 2)]
     new.process(messages(0, 10))
-    new.commit()
+    commit_batch(new)
     assert table(ctx, "SELECT count(*), count(DISTINCT input_offset) FROM {s}.outputs") == [(10, 10)]
     assert table(ctx, "SELECT next_offset, epoch FROM {s}.pipeline_offsets") == [(10, 2)]
 
 
 def test_restore_reads_offset_and_state_from_the_tables(ctx):
-    first = PgWorker(ctx, 0)
+    first = PostgresTask(ctx, 0)
     first.take_over()
     first.process(messages(0, 12))
-    first.commit()
-    second = PgWorker(ctx, 0)
+    commit_batch(first)
+    second = PostgresTask(ctx, 0)
     assert second.take_over() == 12
     assert dict(second.state) == dict(first.state) == {"acct-0": [4, 18], "acct-1": [4, 22], "acct-2": [4, 26]}
     second.process(messages(5, 14))  # 5..11 were fetched before the seek took effect: skipped
-    second.commit()
+    commit_batch(second)
     assert table(ctx, "SELECT account, count, sum FROM {s}.totals ORDER BY account") == [
         ("acct-0", 5, 30),
         ("acct-1", 5, 35),
@@ -119,11 +120,11 @@ def test_restore_reads_offset_and_state_from_the_tables(ctx):
 
 
 def test_a_failing_batch_leaves_nothing_and_the_next_owner_redoes_it(ctx, monkeypatch):
-    worker = PgWorker(ctx, 0)
-    worker.take_over()
-    worker.process(messages(0, 5))
-    worker.commit()
-    worker.process(messages(5, 10))
+    task = PostgresTask(ctx, 0)
+    task.take_over()
+    task.process(messages(0, 5))
+    commit_batch(task)
+    task.process(messages(5, 10))
     original = TotalsSink.write
 
     def write_then_fail(self, cur, target, rows):
@@ -132,19 +133,19 @@ def test_a_failing_batch_leaves_nothing_and_the_next_owner_redoes_it(ctx, monkey
 
     monkeypatch.setattr(TotalsSink, "write", write_then_fail)
     with pytest.raises(WriteFailed, match="the sink broke"):
-        worker.commit()
+        commit_batch(task)
     monkeypatch.undo()
     assert table(ctx, "SELECT count(*) FROM {s}.outputs") == [(5,)]
-    again = PgWorker(ctx, 0)
+    again = PostgresTask(ctx, 0)
     assert again.take_over() == 5
     again.process(messages(5, 10))
-    again.commit()
+    commit_batch(again)
     assert table(ctx, "SELECT count(*), count(DISTINCT input_offset) FROM {s}.outputs") == [(10, 10)]
 
 
 def test_a_fence_waits_for_an_in_flight_batch_and_then_reads_its_result(ctx):
     """The batch locks p's offsets row with its first statement: a concurrent fence sees all of it or none."""
-    old = PgWorker(ctx, 0)
+    old = PostgresTask(ctx, 0)
     old.take_over()
     old.process(messages(0, 8))
     release = threading.Event()
@@ -154,10 +155,10 @@ def test_a_fence_waits_for_an_in_flight_batch_and_then_reads_its_result(ctx):
         original(self, cur, target, rows)
         release.wait(10)
 
-    new = PgWorker(ctx, 0)
+    new = PostgresTask(ctx, 0)
     TotalsSink.write = slow_write
     try:
-        committing = threading.Thread(target=old.commit)
+        committing = threading.Thread(target=commit_batch, args=(old,))
         committing.start()
         time.sleep(0.3)  # old holds the row lock now
         taking_over = threading.Thread(target=new.take_over)
@@ -174,7 +175,7 @@ def test_a_fence_waits_for_an_in_flight_batch_and_then_reads_its_result(ctx):
 
 def test_a_writer_paused_mid_transaction_is_ended_by_the_server(ctx):
     """A SIGSTOPped process can hold p's row lock; idle_in_transaction_session_timeout (1 s here) ends its session."""
-    old = PgWorker(ctx, 0)
+    old = PostgresTask(ctx, 0)
     old.take_over()
     paused = ctx.pool.getconn()
     paused.execute("BEGIN")
@@ -184,7 +185,7 @@ def test_a_writer_paused_mid_transaction_is_ended_by_the_server(ctx):
         )
     )
     started = time.monotonic()
-    new = PgWorker(ctx, 0)
+    new = PostgresTask(ctx, 0)
     new.take_over()
     waited = time.monotonic() - started
     assert 0.5 < waited < 5, waited

@@ -15,7 +15,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pipeline import settings as settings_module
 from pipeline.examples.running_totals_pg import TotalsSink
-from pipeline.postgres.schema import (
+from pipeline.settings import ConfigError, Settings
+from pipeline.sinks.postgres.schema import (
     COMPONENT,
     LATEST_VERSION,
     SCHEMA_VERSION,
@@ -24,7 +25,6 @@ from pipeline.postgres.schema import (
     ensure_schema,
     prepare_database,
 )
-from pipeline.settings import ConfigError, Settings
 from tests.plugins.postgres import connect
 from tests.support import eventually
 

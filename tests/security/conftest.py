@@ -19,7 +19,7 @@ from psycopg import sql
 
 from pipeline.kafka.acls import Acl, Names, binding_filters, bindings
 from pipeline.loading import load_app
-from pipeline.postgres.sink import Target
+from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import inputs, postgres_checker
 from pipeline.testing.faults import FaultRun, produce_paced
 from pipeline.testing.harness import Fleet, kafka_env

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli
-from pipeline.deadletter import dead_letter_topic
+from pipeline.core.deadletter import dead_letter_topic
 from pipeline.kafka.acls import (
     Names,
     admin_properties,
@@ -24,9 +24,9 @@ from pipeline.kafka.acls import (
     postgres_acls,
 )
 from pipeline.settings import ConfigError
+from pipeline.sinks.kafka.transaction import transactional_id
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.snapshot_format import snapshot_topic
-from pipeline.task import transactional_id
 
 SECURITY_MD = Path(__file__).resolve().parents[2] / "deploy" / "SECURITY.md"
 EXAMPLE = Names("running-totals", "totals-input", "totals-output")

@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 from pipeline.app import App, Output
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.examples import copier, running_totals
 from pipeline.loading import load_app
-from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.testing.inputs import copier_records, running_totals_records
 from pipeline.testing.oracle import (

@@ -7,7 +7,8 @@ import pytest
 
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.examples.windowed_totals import app as windowed_totals
-from pipeline.task import PartitionDropped
+from pipeline.sinks.kafka.runner import commit_transaction
+from pipeline.sinks.kafka.transaction import PartitionDropped
 from pipeline.testing.driver import AppDriver
 from pipeline.testing.pytest_plugin import pipeline_driver  # noqa: F401 - the fixture, as users import it
 
@@ -52,7 +53,7 @@ def test_a_fenced_zombie_commits_nothing() -> None:
     driver.crash()  # a new owner fences the old producer
     driver.commit()
     with pytest.raises(PartitionDropped):
-        zombie.commit()
+        commit_transaction(zombie.txn, driver.consumer)  # type: ignore[arg-type]
     assert len(driver.outputs) == 1 and driver.verify().ok
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from pipeline.errors import Action, classify, is_fenced, kafka_error
+from pipeline.kafka.errors import Action, classify, is_fenced, kafka_error
 
 FENCED = [KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH]
 FLAGS = [

@@ -1,11 +1,11 @@
-"""The phase table of an owned partition (pipeline/lifecycle.py): the moves it lists happen, any other one raises."""
+"""The phase table of an owned partition (pipeline/core/lifecycle.py): the moves it lists happen, any other one
+raises."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle, Phase
-from pipeline.task import PartitionTask
+from pipeline.core.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle, Phase
 from tests.unit.test_task_protocol import Harness, msg
 
 
@@ -76,8 +76,8 @@ def test_stop_records_why() -> None:
 
 def test_the_task_moves_only_through_the_table() -> None:
     h = Harness()
-    task = PartitionTask(h.ctx, 2)
-    task.fence()
+    task = h.new_task(2)
+    task.txn.fence()
     task.start(0)
     with pytest.raises(IllegalTransition, match="restoring -> restoring"):
         task.start(0)  # started twice
@@ -85,6 +85,6 @@ def test_the_task_moves_only_through_the_table() -> None:
     task.process([msg(0)])
     task.drop("fenced")
     with pytest.raises(IllegalTransition, match="dropped -> running"):
-        task.try_seek_back()  # a dropped partition never runs again
-    task.close(commit=True)
+        task.try_seek_back(h.consumer)  # a dropped partition never runs again
+    h.close(task, commit=True)
     assert task.phase is Phase.CLOSED

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import TopicPartition
 
-from pipeline.loop import PollLoop
+from pipeline.core.loop import PollLoop
 from pipeline.settings import Settings
 
 

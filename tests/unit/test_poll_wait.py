@@ -15,17 +15,18 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import Message
 
-import pipeline.loop as loop_module
+import pipeline.core.loop as loop_module
+import pipeline.core.task as core_task_module
 import pipeline.metrics as metrics_module
-import pipeline.runner as runner_module
-import pipeline.task as task_module
+import pipeline.sinks.kafka.runner as runner_module
+import pipeline.sinks.kafka.task as task_module
 from pipeline import settings
+from pipeline.core.lifecycle import Lifecycle, Phase
+from pipeline.core.loop import IDLE_WAIT_S, PollLoop
 from pipeline.examples.copier import app as copier
-from pipeline.lifecycle import Lifecycle, Phase
-from pipeline.loop import IDLE_WAIT_S, PollLoop
 from pipeline.metrics import Metrics
-from pipeline.runner import Runner
-from pipeline.task import TaskContext
+from pipeline.sinks.kafka.runner import KafkaRunner
+from pipeline.sinks.kafka.task import KafkaTaskContext
 
 
 class FakeClock:
@@ -134,7 +135,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake_time = SimpleNamespace(
         monotonic=fake.monotonic, time=fake.time, perf_counter=fake.perf_counter, sleep=fake.sleep
     )
-    for module in (loop_module, runner_module, task_module, metrics_module):
+    for module in (loop_module, core_task_module, runner_module, task_module, metrics_module):
         monkeypatch.setattr(module, "time", fake_time)
     return fake
 
@@ -208,18 +209,20 @@ def test_a_batch_is_never_larger_than_poll_max_records(clock: FakeClock) -> None
 # -- the Kafka runner end to end: commits exactly when due ------------------------------------------------------------
 def running_runner(
     clock: FakeClock, consumer: FakeConsumer, interval_ms: int, guarantee: str
-) -> tuple[Runner, NullProducer]:
+) -> tuple[KafkaRunner, NullProducer]:
     s = settings.load(
         env={},
         bootstrap_servers="unused:9092",
         app_id="poll-wait",
         commit_interval_ms=interval_ms,
         processing_guarantee=guarantee,
+        producers="per_partition",  # a transaction per partition, each committed when due
     )
-    runner = Runner(copier, s)
+    runner = KafkaRunner(copier, s)
     runner.consumer = consumer
     producer = NullProducer(clock)
-    runner.ctx = TaskContext(
+    runner._make_producer = lambda _: producer  # type: ignore[method-assign,assignment,return-value]
+    runner.ctx = KafkaTaskContext(
         copier,
         s,
         runner.app_id,
@@ -227,13 +230,12 @@ def running_runner(
         copier.output_topic,
         "cl",
         "dlq",
-        consumer,
-        lambda _: producer,
+        consumer,  # type: ignore[arg-type]
         Metrics(),
     )
     runner.metrics = runner.ctx.metrics
     for p in range(3):
-        task = task_module.PartitionTask(runner.ctx, p)
+        task = task_module.KafkaTask(runner.ctx, p, runner._transaction_for(p))
         task.start(0)
         runner.tasks[p] = task
     return runner, producer

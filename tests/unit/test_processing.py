@@ -1,4 +1,4 @@
-"""The retry path both sinks share (pipeline/processing.py): undo, count, back off doubling, try again, then a dead
+"""The retry path both sinks share (pipeline/core/processing.py): undo, count, back off doubling, try again, then a dead
 letter or PoisonRecordStop; and both sinks giving up on the same record the same way."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from collections.abc import Iterable
 import pytest
 
 from pipeline.app import App, Output
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.processing import Attempts, PoisonRecordStop
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.metrics import Metrics
-from pipeline.postgres.worker import PgWorker, WorkerContext
-from pipeline.processing import Attempts, PoisonRecordStop
 from pipeline.settings import Settings
+from pipeline.sinks.postgres.task import PostgresTask, PostgresTaskContext
 from pipeline.state import PartitionState
 from tests.unit.test_task_protocol import DLQ, INPUT, OUTPUT, Harness, msg, poison
 
@@ -91,13 +91,13 @@ def test_one_attempt_in_all_gives_up_at_once_without_sleeping() -> None:
 
 
 # -- both sinks -----------------------------------------------------------------------------------------------------
-def pg_worker(app: App = running_totals, **settings: object) -> PgWorker:
-    """A PostgreSQL worker that only processes (no database is touched before commit)."""
+def pg_task(app: App = running_totals, **settings: object) -> PostgresTask:
+    """A PostgreSQL task that only processes (no database is touched before commit)."""
     config = Settings(**{"processing_backoff_ms": 0, **settings})
-    ctx = WorkerContext(app, config, "unit", INPUT, pool=None, sink=None, metrics=Metrics(), owner="unit")  # type: ignore[arg-type]
-    worker = PgWorker(ctx, 2)
-    worker.next_offset = 10
-    return worker
+    ctx = PostgresTaskContext(app, config, "unit", INPUT, pool=None, sink=None, metrics=Metrics(), owner="unit")  # type: ignore[arg-type]
+    task = PostgresTask(ctx, 2)
+    task.next_offset = 10
+    return task
 
 
 def kafka_dead_letters(h: Harness) -> list[DeadLetter]:
@@ -107,28 +107,28 @@ def kafka_dead_letters(h: Harness) -> list[DeadLetter]:
 def test_both_sinks_dead_letter_the_same_record_the_same_way_and_go_on() -> None:
     h = Harness(processing_max_attempts=3)
     task = h.task(committed=10)
-    worker = pg_worker(processing_max_attempts=3)
+    pg = pg_task(processing_max_attempts=3)
     batch = [msg(10, amount=4), poison(11), msg(12, amount=6)]
     task.process(batch)
-    worker.process(batch)
-    assert kafka_dead_letters(h) == worker._dead
-    [letter] = worker._dead
+    pg.process(batch)
+    assert kafka_dead_letters(h) == pg.dead_letters
+    [letter] = pg.dead_letters
     assert (letter.offset, letter.error_type, letter.attempts) == (11, "SerdeError", 3)
-    assert dict(task.state) == dict(worker.state) == {"acct": [2, 10]}  # the poison record changed nothing
-    assert task.next_offset == worker.next_offset == 13  # past the record: its dead letter commits with the offset
-    assert [row.offset for row in worker._rows] == [10, 12]
+    assert dict(task.state) == dict(pg.state) == {"acct": [2, 10]}  # the poison record changed nothing
+    assert task.next_offset == pg.next_offset == 13  # past the record: its dead letter commits with the offset
+    assert [row.offset for row in pg.rows] == [10, 12]
     assert len(h.calls.produced(OUTPUT)) == 2
 
 
 def test_both_sinks_stop_at_the_poison_record_in_stop_mode() -> None:
     h = Harness(on_poison="stop", processing_max_attempts=2)
     task = h.task(committed=10)
-    worker = pg_worker(on_poison="stop", processing_max_attempts=2)
-    for sink in (task, worker):
+    pg = pg_task(on_poison="stop", processing_max_attempts=2)
+    for sink in (task, pg):
         with pytest.raises(PoisonRecordStop, match=r"in\[2\]@11 failed 2 times: SerdeError"):
             sink.process([msg(10), poison(11), msg(12)])
         assert sink.next_offset == 11 and dict(sink.state) == {"acct": [1, 1]}
-    assert worker._dead == [] and h.calls.produced(DLQ) == []
+    assert pg.dead_letters == [] and h.calls.produced(DLQ) == []
 
 
 def test_a_business_error_in_either_sink_is_retried_then_dead_lettered_with_its_type() -> None:
@@ -139,10 +139,10 @@ def test_a_business_error_in_either_sink_is_retried_then_dead_lettered_with_its_
     app = App("fails", INPUT, OUTPUT, fails)
     h = Harness(app=app, processing_max_attempts=2)
     task = h.task(committed=10)
-    worker = pg_worker(app, processing_max_attempts=2)
+    pg = pg_task(app, processing_max_attempts=2)
     task.process([msg(10)])
-    worker.process([msg(10)])
-    assert kafka_dead_letters(h) == worker._dead
-    [letter] = worker._dead
+    pg.process([msg(10)])
+    assert kafka_dead_letters(h) == pg.dead_letters
+    [letter] = pg.dead_letters
     assert (letter.error_type, letter.error_message, letter.attempts) == ("LookupError", "no such account", 2)
-    assert dict(task.state) == dict(worker.state) == {}
+    assert dict(task.state) == dict(pg.state) == {}

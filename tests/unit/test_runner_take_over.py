@@ -1,15 +1,15 @@
-"""The Runner's take-over leaves no partition paused that should be fetched (no broker: a recording consumer)."""
+"""The Kafka runner's take-over leaves no partition paused that should be fetched (no broker: a recording consumer)."""
 
 from __future__ import annotations
 
 from confluent_kafka import TopicPartition
 
 from pipeline import settings
+from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
 from pipeline.examples.running_totals import app as totals
-from pipeline.lifecycle import Phase
-from pipeline.runner import Runner
-from pipeline.task import TaskContext
+from pipeline.sinks.kafka.runner import KafkaRunner
+from pipeline.sinks.kafka.task import KafkaTaskContext
 
 
 class RecordingConsumer:
@@ -42,10 +42,11 @@ class NullProducer:
         pass
 
 
-def runner_for(app, consumer: RecordingConsumer) -> Runner:
-    runner = Runner(app, settings.load(env={}, bootstrap_servers="unused:9092", app_id="take-over"))
+def runner_for(app, consumer: RecordingConsumer) -> KafkaRunner:
+    runner = KafkaRunner(app, settings.load(env={}, bootstrap_servers="unused:9092", app_id="take-over"))
     runner.consumer = consumer
-    runner.ctx = TaskContext(
+    runner._make_producer = lambda _: NullProducer()  # type: ignore[method-assign,assignment,return-value]
+    runner.ctx = KafkaTaskContext(
         app,
         runner.settings,
         runner.app_id,
@@ -53,8 +54,7 @@ def runner_for(app, consumer: RecordingConsumer) -> Runner:
         app.output_topic,
         "cl",
         "dlq",
-        consumer,
-        lambda _: NullProducer(),
+        consumer,  # type: ignore[arg-type]
         runner.metrics,
     )
     runner.restores.start = lambda p, committed_offset: None  # the restore itself is not under test
@@ -107,6 +107,9 @@ def test_a_finished_restore_puts_the_position_at_the_committed_offset_before_res
     class Finished:
         partition, state, snapshot, end = 0, runner.tasks[0].state, None, 0
         seconds, records, snapshot_entries = 0.1, 0, 0
+
+        def summary(self) -> str:
+            return "p0 restored"
 
     runner._restored(Finished())
     assert consumer.calls == [("seek", 0, 10), ("resume", 0, None)]

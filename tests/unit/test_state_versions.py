@@ -1,5 +1,5 @@
 """State versions: values tagged with the version that wrote them, migrated at restore, a newer state refused
-(pipeline/state/versions.py), through PartitionTask with the test driver."""
+(pipeline/state/versions.py), through KafkaTask with the test driver."""
 
 from __future__ import annotations
 

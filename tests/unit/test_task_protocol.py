@@ -1,4 +1,6 @@
-"""PartitionTask's call order and error handling, against a fake producer and consumer that record every call.
+"""A KafkaTask and the runner's transaction protocol (pipeline/sinks/kafka/runner.py: commit_transaction,
+abort_transaction, close_task): call order and error handling, against a fake producer and consumer that record every
+call.
 
 The fakes test the protocol (what is called, in which order, and what happens on each kind of error), not Kafka:
 the tests against a real broker live in tests/integration and tests/faults.
@@ -12,19 +14,20 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
-import pipeline.task as task_module
+import pipeline.sinks.kafka.task as task_module
 from pipeline.app import App, Output
+from pipeline.core.lifecycle import Phase
+from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.examples.running_totals import app as running_totals
-from pipeline.lifecycle import Phase
 from pipeline.metrics import Metrics
-from pipeline.processing import PoisonRecordStop
-from pipeline.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
+from pipeline.sinks.kafka.runner import abort_and_rewind, close_task, commit_transaction
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
-from pipeline.transaction import transactional_id
 
 APP_ID = "unit"
 INPUT, OUTPUT, CHANGELOG, DLQ = "in", "out", "unit-changelog", "unit-dlq"
@@ -153,7 +156,8 @@ class Harness:
         self.consumer = FakeConsumer(self.calls)
         self.metrics = Metrics()
         self.settings = Settings(**{"processing_backoff_ms": 0, "request_timeout_ms": 1_000, **settings})
-        self.ctx = TaskContext(
+        self.abort_hook = abort_hook
+        self.ctx = KafkaTaskContext(
             app=app,
             settings=self.settings,
             app_id=APP_ID,
@@ -162,9 +166,7 @@ class Harness:
             changelog_topic=CHANGELOG,
             dead_letter_topic=DLQ,
             consumer=self.consumer,  # type: ignore[arg-type]
-            make_producer=self._make_producer,  # type: ignore[arg-type]
             metrics=self.metrics,
-            abort_hook=abort_hook,
         )
 
     def _make_producer(self, tid: str | None) -> FakeProducer:
@@ -172,10 +174,26 @@ class Harness:
         self.producers.append(producer)
         return producer
 
-    def task(self, committed: int | None = 0) -> PartitionTask:
+    def transaction(self, p: int = P) -> Transaction:
+        """As the runner builds it with PRODUCERS=per_partition: a producer named after p."""
+        tid = transactional_id(APP_ID, INPUT, p) if self.settings.exactly_once else None
+        producer = self._make_producer(tid)
+        return Transaction(producer, self.settings, f"p{p}", self.abort_hook, self.metrics.commit_latency.observe)  # type: ignore[arg-type]
+
+    def new_task(self, p: int = P) -> KafkaTask:
+        return KafkaTask(self.ctx, p, self.transaction(p))
+
+    def commit(self, task: KafkaTask) -> None:
+        """What the runner does when p's transaction is due."""
+        commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+
+    def close(self, task: KafkaTask, commit: bool) -> None:
+        close_task(task, self.consumer, commit)  # type: ignore[arg-type]
+
+    def task(self, committed: int | None = 0) -> KafkaTask:
         """A task fenced, started at `committed` and (no changelog here) restored."""
-        task = PartitionTask(self.ctx, P)
-        task.fence()
+        task = self.new_task()
+        task.txn.fence()
         task.start(committed)
         task.phase = Phase.RUNNING  # restore is pipeline/state/restore.py's business
         self.calls.clear()
@@ -201,24 +219,24 @@ def decoded(value: bytes) -> Any:
 # -- fence, start, process ----------------------------------------------------------------------------------------
 def test_fence_calls_init_transactions_on_the_partitions_transactional_id() -> None:
     h = Harness()
-    task = PartitionTask(h.ctx, P)
+    task = h.new_task()
     assert h.producers[0].transactional_id == transactional_id(APP_ID, INPUT, P) == f"{APP_ID}.{INPUT}.{P}"
     assert h.calls.names() == []  # nothing happens before fence()
-    task.fence()
+    task.txn.fence()
     assert h.calls.names() == ["init_transactions"]
 
 
 def test_at_least_once_has_no_transactional_id_and_does_not_fence() -> None:
     h = Harness(processing_guarantee="at_least_once")
-    task = PartitionTask(h.ctx, P)
-    task.fence()
+    task = h.new_task()
+    task.txn.fence()
     assert h.producers[0].transactional_id is None
     assert h.calls.names() == []
 
 
 def test_start_sets_the_position_and_a_stateful_app_restores_first() -> None:
     h = Harness()
-    task = PartitionTask(h.ctx, P)
+    task = h.new_task()
     task.start(42)
     assert (task.committed_offset, task.next_offset, task.phase) == (42, 42, Phase.RESTORING)
 
@@ -279,7 +297,7 @@ def test_commit_writes_changelog_then_checkpoint_then_offsets_then_commits() -> 
     task = h.task(committed=5)
     task.process([msg(5, account="a"), msg(6, account="b", amount=3), msg(7, account="a", amount=2)])
     h.calls.clear()
-    task.commit()
+    h.commit(task)
     assert h.calls.names() == ["produce", "produce", "produce", "send_offsets_to_transaction", "commit_transaction"]
     changelog = h.calls.produced(CHANGELOG)
     assert all(c["partition"] == P for c in changelog)  # p's changes go to changelog partition p
@@ -297,11 +315,11 @@ def test_commit_writes_changelog_then_checkpoint_then_offsets_then_commits() -> 
 def test_commit_without_an_open_transaction_does_nothing() -> None:
     h = Harness()
     task = h.task(committed=0)
-    task.commit()
+    h.commit(task)
     task.process([msg(0)])
-    task.commit()
+    h.commit(task)
     h.calls.clear()
-    task.commit()
+    h.commit(task)
     assert h.calls.names() == []
 
 
@@ -309,10 +327,10 @@ def test_the_next_transaction_begins_after_a_commit_and_writes_only_its_own_chan
     h = Harness()
     task = h.task(committed=0)
     task.process([msg(0, account="a"), msg(1, account="b")])
-    task.commit()
+    h.commit(task)
     h.calls.clear()
     task.process([msg(2, account="b")])
-    task.commit()
+    h.commit(task)
     assert h.calls.names()[0] == "begin_transaction"
     assert [c["key"] for c in h.calls.produced(CHANGELOG)] == [b"b", CHECKPOINT_KEY]
 
@@ -322,7 +340,7 @@ def test_commit_due_on_interval_or_record_count() -> None:
     task = h.task(committed=0)
     assert not task.commit_due(1e12)  # nothing open
     task.process([msg(0)])
-    started = task._txn_started
+    started = task._batch_started
     assert not task.commit_due(started + 0.5)
     assert task.commit_due(started + 1.0)
     task.process([msg(1), msg(2)])
@@ -334,7 +352,7 @@ def test_at_least_once_commit_flushes_then_commits_offsets_on_the_consumer() -> 
     task = h.task(committed=0)
     task.process([msg(0), msg(1)])
     h.calls.clear()
-    task.commit()
+    h.commit(task)
     assert h.calls.names() == ["produce", "produce", "flush", "consumer.commit"]
     assert h.calls[-1][1] == ([(INPUT, P, 2)],)
 
@@ -346,7 +364,7 @@ def test_a_retriable_error_is_retried_and_not_aborted(method: str) -> None:
     task = h.task(committed=0)
     task.process([msg(0)])
     h.producers[0].fail(method, kafka_exception(**RETRIABLE), kafka_exception(**RETRIABLE))
-    task.commit()
+    h.commit(task)
     assert h.calls.count(method) == 3
     assert h.calls.count("abort_transaction") == 0
     assert h.calls.names()[-1] == "commit_transaction"
@@ -361,7 +379,7 @@ def test_a_commit_outcome_that_stays_unknown_drops_the_partition(sleeps: list[fl
     task_module.time.monotonic = lambda: float(next(clock)) / 4  # type: ignore[attr-defined]
     h.producers[0].fail("commit_transaction", *[kafka_exception(**RETRIABLE) for _ in range(100)])
     with pytest.raises(PartitionDropped, match="commit_transaction"):
-        task.commit()
+        h.commit(task)
     assert 2 <= h.calls.count("commit_transaction") < 100
     assert h.calls.count("abort_transaction") == 0
     assert task.committed_offset == 0
@@ -372,16 +390,16 @@ def test_txn_requires_abort_aborts_then_rewinds_state_and_position(method: str) 
     h = Harness()
     task = h.task(committed=3)
     task.process([msg(3, account="a", amount=10)])
-    task.commit()  # the last commit: a = [1, 10], position 4
+    h.commit(task)  # the last commit: a = [1, 10], position 4
     task.process([msg(4, account="a", amount=5), msg(5, account="b", amount=7)])
     assert dict(task.state) == {"a": [2, 15], "b": [1, 7]}
     h.producers[0].fail(method, kafka_exception(**ABORTABLE))
     h.calls.clear()
     with pytest.raises(TransactionAborted, match=method):
-        task.commit()
+        h.commit(task)
     assert "commit_transaction" not in h.calls.names()[h.calls.names().index(method) + 1 :]
     assert task.committed_offset == 4
-    task.abort_and_rewind()
+    abort_and_rewind(task)
     assert h.calls.names()[-2:] == ["abort_transaction", "seek"]
     assert h.calls[-1][1] == (INPUT, P, 4)  # the committed offset, never the fetched position
     assert dict(task.state) == {"a": [1, 10]}
@@ -391,7 +409,7 @@ def test_txn_requires_abort_aborts_then_rewinds_state_and_position(method: str) 
     # the records come again and go into a new transaction
     h.calls.clear()
     task.process([msg(4, account="a", amount=5)])
-    task.commit()
+    h.commit(task)
     assert h.calls.names()[0] == "begin_transaction"
     assert dict(task.state) == {"a": [2, 15]} and task.committed_offset == 5
 
@@ -400,8 +418,8 @@ def test_rewind_without_a_committed_offset_seeks_to_the_beginning() -> None:
     h = Harness()
     task = h.task(committed=None)
     task.process([msg(0)])
-    task.abort_and_rewind()
-    assert h.calls[-1] == ("seek", (INPUT, P, task_module.OFFSET_BEGINNING), {})
+    abort_and_rewind(task)
+    assert h.calls[-1] == ("seek", (INPUT, P, OFFSET_BEGINNING), {})
     assert dict(task.state) == {} and task.next_offset is None
 
 
@@ -415,13 +433,13 @@ def test_a_seek_that_fails_leaves_the_task_rewinding_until_it_succeeds() -> None
         raise kafka_exception(KafkaError._STATE)
 
     h.consumer.seek = failing_seek  # type: ignore[method-assign]
-    task.abort_and_rewind()
+    abort_and_rewind(task)
     assert task.phase is Phase.REWINDING
     h.calls.clear()
     task.process([msg(1)])  # fetched before the seek took effect: ignored
     assert h.calls.count("begin_transaction") == 0
     h.consumer.seek = seek  # type: ignore[method-assign]
-    assert task.try_seek_back()
+    assert task.try_seek_back(h.consumer)
     assert task.phase is Phase.RUNNING and task.next_offset == 0
 
 
@@ -429,10 +447,10 @@ def test_an_injected_abort_from_the_test_hook_raises_transaction_aborted() -> No
     h = Harness(abort_hook=lambda n: n == 2)
     task = h.task(committed=0)
     task.process([msg(0)])
-    task.commit()
+    h.commit(task)
     task.process([msg(1)])
     with pytest.raises(TransactionAborted, match="injected"):
-        task.commit()
+        h.commit(task)
     assert h.calls.count("commit_transaction") == 1
 
 
@@ -453,11 +471,11 @@ def test_a_fenced_or_fatal_commit_drops_the_partition_without_abort_or_further_c
     task.process([msg(0)])
     h.producers[0].fail("commit_transaction", kafka_exception(**error))
     with pytest.raises(PartitionDropped, match="commit_transaction"):
-        task.commit()
+        h.commit(task)
     assert h.calls.count("commit_transaction") == 1
     assert task.committed_offset == 0
     task.drop("fenced")  # what the runner does with PartitionDropped
-    task.close(commit=True)
+    h.close(task, commit=True)
     assert h.calls.count("commit_transaction") == 1
     assert h.calls.count("abort_transaction") == 0
     assert task.phase is Phase.CLOSED
@@ -469,7 +487,7 @@ def test_an_abort_that_fails_fenced_drops_the_partition() -> None:
     task.process([msg(0)])
     h.producers[0].fail("abort_transaction", kafka_exception(**FENCED))
     with pytest.raises(PartitionDropped, match="abort_transaction"):
-        task.abort_and_rewind()
+        abort_and_rewind(task)
 
 
 # -- poison records (docs/guarantees.md: no-silent-skip) ---------------------------------------------------------------
@@ -500,7 +518,7 @@ def test_a_poison_record_is_retried_with_backoff_then_dead_lettered_in_the_same_
     assert dict(task.state) == {"acct": [2, 10]}  # the poison record changed nothing
     assert task.next_offset == 13
     h.calls.clear()
-    task.commit()
+    h.commit(task)
     [(offsets, _, _)] = [a for name, a, _ in h.calls if name == "send_offsets_to_transaction"]
     assert offsets[0].offset == 13  # committed past the poison record, together with its dead letter
 
@@ -544,7 +562,7 @@ def test_on_poison_stop_raises_and_the_position_stays_at_the_poison_record(sleep
     assert h.calls.produced(DLQ) == []
     assert [r["headers"][-1] for r in h.calls.produced(OUTPUT)] == [(SOURCE_HEADER, encode_source(P, 10))]
     assert dict(task.state) == {"acct": [1, 1]}
-    task.commit()  # what came before the poison record is kept (the runner does this)
+    h.commit(task)  # what came before the poison record is kept (the runner does this)
     [(offsets, _, _)] = [a for name, a, _ in h.calls if name == "send_offsets_to_transaction"]
     assert offsets[0].offset == 11  # never past the poison record
 
@@ -554,12 +572,12 @@ def test_close_with_commit_commits_the_open_transaction() -> None:
     h = Harness()
     task = h.task(committed=0)
     task.process([msg(0), msg(1)])
-    task.close(commit=True)
+    h.close(task, commit=True)
     names = h.calls.names()
     assert names.index("commit_transaction") < names.index("flush")
     assert "abort_transaction" not in names
     assert task.committed_offset == 2 and task.phase is Phase.CLOSED
-    task.close(commit=True)  # idempotent
+    h.close(task, commit=True)  # idempotent
     assert h.calls.names() == names
 
 
@@ -567,7 +585,7 @@ def test_close_without_commit_aborts_the_open_transaction() -> None:
     h = Harness()
     task = h.task(committed=0)
     task.process([msg(0)])
-    task.close(commit=False)
+    h.close(task, commit=False)
     assert h.calls.names()[-2:] == ["abort_transaction", "flush"]
     assert "commit_transaction" not in h.calls.names()
     assert task.committed_offset == 0
@@ -579,7 +597,7 @@ def test_close_never_raises_when_abort_and_flush_fail() -> None:
     task.process([msg(0)])
     h.producers[0].fail("abort_transaction", kafka_exception(**FENCED))
     h.producers[0].fail("flush", kafka_exception(**FENCED))
-    task.close(commit=False)
+    h.close(task, commit=False)
     assert h.calls.names()[-2:] == ["abort_transaction", "flush"]
     assert task.phase is Phase.CLOSED
 
@@ -593,7 +611,7 @@ def test_close_never_raises_when_the_commit_abort_and_flush_fail(error: dict) ->
     producer.fail("commit_transaction", kafka_exception(**error))
     producer.fail("abort_transaction", kafka_exception(**FENCED))
     producer.fail("flush", kafka_exception(**FENCED))
-    task.close(commit=True)
+    h.close(task, commit=True)
     assert task.phase is Phase.CLOSED and task.committed_offset == 0
     assert h.calls.count("commit_transaction") == 1
 
@@ -604,7 +622,7 @@ def test_close_never_raises_when_produce_fails_during_the_closing_commit() -> No
     task = h.task(committed=0)
     task.process([msg(0)])
     h.producers[0].fail("produce", kafka_exception(KafkaError._FATAL, fatal=True))
-    task.close(commit=True)
+    h.close(task, commit=True)
     assert task.phase is Phase.CLOSED and task.committed_offset == 0
 
 
@@ -617,6 +635,6 @@ def test_a_fatal_error_from_produce_drops_the_partition(step: str) -> None:
     h.producers[0].fail("produce", kafka_exception(KafkaError._FATAL, fatal=True))
     with pytest.raises(PartitionDropped):
         if step == "commit":
-            task.commit()
+            h.commit(task)
         else:
             task.process([msg(0)])

@@ -1,5 +1,5 @@
 """Timers and state TTL (docs/guarantees.md: timers-exactly-once): the state that keeps them, their firing through the
-task (the test driver runs PartitionTask with in-memory clients), and the checker that proves them exactly once."""
+task (the test driver runs KafkaTask with in-memory clients), and the checker that proves them exactly once."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterable
 import pytest
 
 from pipeline.app import App, Output, Record, Reject, State, Timer
+from pipeline.core.lifecycle import Phase
+from pipeline.core.provenance import TimerSource
 from pipeline.examples.windowed_totals import app as windowed
-from pipeline.lifecycle import Phase
-from pipeline.provenance import TimerSource
 from pipeline.state import PartitionState
-from pipeline.state.timers import STREAM_TIME_KEY, TimedState
+from pipeline.state.timed import STREAM_TIME_KEY, TimedState
 from pipeline.testing.driver import AppDriver
 from pipeline.testing.oracle import RunData, TopicDump, check
 from pipeline.testing.oracle.records import KafkaRecord
@@ -277,8 +277,8 @@ def test_the_checker_places_wall_clock_firings_where_the_run_says_and_finds_a_se
 
 def test_the_postgresql_sink_refuses_an_app_with_timers_or_ttl() -> None:
     from pipeline import settings as settings_module
-    from pipeline.postgres.runner import PgRunner
+    from pipeline.sinks.postgres.runner import PostgresRunner
 
     settings = settings_module.load(env={}, sink="postgres", postgres_dsn="postgresql://unused/db")
     with pytest.raises(settings_module.ConfigError, match="Kafka-mode only"):
-        PgRunner(windowed, settings)
+        PostgresRunner(windowed, settings)

@@ -1,20 +1,19 @@
 """PRODUCERS=per_process: one producer's transaction carries every partition's work, and they commit, abort and break
-together (pipeline/transaction.py). Against the recording fakes of test_task_protocol; the real-broker tests are
-tests/integration/test_per_process_takeover.py and the fault suite run in this mode."""
+together (pipeline/sinks/kafka/transaction.py, committed by pipeline/sinks/kafka/runner.py). Against the recording
+fakes of test_task_protocol; the real-broker tests are tests/integration/test_per_process_takeover.py and the fault
+suite run in this mode."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 from confluent_kafka import TopicPartition
 
 from pipeline import settings
+from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
-from pipeline.lifecycle import Phase
-from pipeline.runner import Runner
-from pipeline.task import PartitionDropped, PartitionTask, TaskContext, TransactionAborted
-from pipeline.transaction import Transaction
+from pipeline.sinks.kafka.runner import KafkaRunner, abort_and_rewind
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted
 from tests.unit.test_task_protocol import (
     ABORTABLE,
     CHANGELOG,
@@ -41,12 +40,14 @@ class Shared(Harness):
             "unit.in.process-a",
             observe_commit=self.metrics.commit_latency.observe,
         )
-        self.ctx = dataclasses.replace(self.ctx, shared_transaction=lambda: self.txn)
 
-    def tasks(self, *partitions: int) -> list[PartitionTask]:
-        tasks = [PartitionTask(self.ctx, p) for p in partitions]
+    def new_task(self, p: int = 0) -> KafkaTask:
+        return KafkaTask(self.ctx, p, self.txn)
+
+    def tasks(self, *partitions: int) -> list[KafkaTask]:
+        tasks = [self.new_task(p) for p in partitions]
         for task in tasks:
-            task.fence()
+            task.txn.fence()
             task.start(0)
             task.phase = Phase.RUNNING
         self.calls.clear()
@@ -55,9 +56,9 @@ class Shared(Harness):
 
 def test_one_producer_fenced_once_for_every_partition() -> None:
     h = Shared()
-    tasks = [PartitionTask(h.ctx, p) for p in (0, 1, 2)]
+    tasks = [h.new_task(p) for p in (0, 1, 2)]
     for task in tasks:
-        task.fence()
+        task.txn.fence()
     assert len(h.producers) == 1 and {t.producer for t in tasks} == {h.producers[0]}
     assert h.calls.names() == ["init_transactions"]
 
@@ -67,7 +68,7 @@ def test_partitions_commit_together_in_one_transaction_with_all_their_offsets() 
     p0, p1 = h.tasks(0, 1)
     p0.process([msg(0), msg(1)])
     p1.process([msg(0)])
-    p1.commit()  # whichever participant the runner picks commits them all
+    h.commit(p1)  # the runner commits the transaction: every task in it
     assert h.calls.names().count("begin_transaction") == 1
     assert h.calls.names()[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
     _, (offsets, group, _), _ = h.calls[-2]
@@ -86,8 +87,8 @@ def test_an_abort_rewinds_every_partition_in_the_transaction() -> None:
     p1.process([msg(0, amount=7)])
     h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
     with pytest.raises(TransactionAborted):
-        p0.commit()
-    p0.abort_and_rewind()
+        h.commit(p0)
+    abort_and_rewind(p0)
     assert h.calls.count("abort_transaction") == 1
     assert [("seek", (INPUT, p, 0), {}) in h.calls for p in (0, 1, 2)] == [True, True, False]  # p2 had nothing open
     assert (p0.next_offset, p1.next_offset) == (0, 0)
@@ -100,7 +101,7 @@ def test_closing_one_partition_without_commit_aborts_and_rewinds_the_others() ->
     p0, p1 = h.tasks(0, 1)
     p0.process([msg(0)])
     p1.process([msg(0)])
-    p0.close(commit=False)  # lost
+    h.close(p0, commit=False)  # lost
     assert h.calls.count("abort_transaction") == 1
     assert p0.phase is Phase.CLOSED and p1.phase is Phase.RUNNING  # p1 rewound (seek done) and runs on
     assert ("seek", (INPUT, 1, 0), {}) in h.calls and p1.next_offset == 0
@@ -113,13 +114,13 @@ def test_a_fenced_producer_breaks_the_transaction_for_all_its_partitions() -> No
     p1.process([msg(0)])
     h.producers[0].fail("commit_transaction", kafka_exception(**FENCED))
     with pytest.raises(PartitionDropped):
-        p0.commit()
+        h.commit(p0)
     assert h.txn.broken  # the runner drops every task sharing it and takes them over with a new producer
 
 
 def test_per_partition_mode_keeps_a_producer_and_a_transaction_per_partition() -> None:
     h = Harness()
-    p0, p1 = PartitionTask(h.ctx, 0), PartitionTask(h.ctx, 1)
+    p0, p1 = h.new_task(0), h.new_task(1)
     assert p0.txn is not p1.txn and len(h.producers) == 2
 
 
@@ -128,12 +129,12 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
     p1 to 10 as well, and p1@11, polled before that seek, must not be processed (it would skip offset 10)."""
     calls = Calls()
     consumer = SeekingConsumer()
-    runner = Runner(
+    runner = KafkaRunner(
         copier, settings.load(env={}, bootstrap_servers="unused:9092", app_id="unit", producers="per_process")
     )
     runner._make_producer = lambda txn_id: FakeProducer(calls, txn_id)  # type: ignore[method-assign]
     runner.consumer = consumer  # type: ignore[assignment]
-    runner.ctx = TaskContext(
+    runner.ctx = KafkaTaskContext(
         copier,
         runner.settings,
         "unit",
@@ -141,10 +142,8 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
         copier.output_topic,
         "cl",
         "dlq",
-        consumer,
-        runner._make_producer,
-        runner.metrics,  # type: ignore[arg-type]
-        shared_transaction=runner._process_transaction,
+        consumer,  # type: ignore[arg-type]
+        runner.metrics,
     )
     runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
     runner._dispatch([FakeMessage(10, b"k", b"v", partition=1)])  # type: ignore[list-item]

@@ -1,10 +1,11 @@
-"""`pipeline run --workers N` (pipeline/workers.py) without a broker: the restart policy on fake processes and a fake
+"""`pipeline run --workers N` (pipeline/supervisor.py) without a broker: the restart policy on fake processes and a fake
 clock, each worker's environment and command, the merged metrics and /ready, and real child processes killed and
 stopped by real signals."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,16 +18,18 @@ import pytest
 from pipeline.cli import _parser
 from pipeline.settings import ConfigError
 from pipeline.settings import load as load_settings
-from pipeline.workers import (
+from pipeline.supervisor import (
     CONFIG_ERROR_EXIT,
     Slot,
     Supervisor,
     WorkerMetrics,
+    WorkerSpec,
     _wait_stopped,
     describe_exit,
     restart_delay,
     worker_command,
     worker_env,
+    worker_settings,
 )
 from tests.support import eventually
 
@@ -34,9 +37,9 @@ from tests.support import eventually
 class FakeProcess:
     pids = iter(range(1000, 10_000))
 
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], payload: bytes = b"") -> None:
         self.pid = next(FakeProcess.pids)
-        self.command, self.env = command, env
+        self.command, self.env, self.payload = command, env, payload
         self.returncode: int | None = None
         self.signals: list[int] = []
 
@@ -58,8 +61,8 @@ class Clock:
 def supervised(count: int = 2) -> tuple[Supervisor, Clock, list[FakeProcess]]:
     clock, spawned = Clock(), []
 
-    def spawn(command: list[str], env: dict[str, str]) -> FakeProcess:
-        spawned.append(FakeProcess(command, env))
+    def spawn(command: list[str], env: dict[str, str], payload: bytes) -> FakeProcess:
+        spawned.append(FakeProcess(command, env, payload))
         return spawned[-1]
 
     supervisor = Supervisor(
@@ -139,28 +142,33 @@ def test_describe_exit() -> None:
 
 def test_each_worker_gets_its_slot_its_own_static_member_id_and_no_port() -> None:
     base = {"PATH": "/bin", "PIPELINE_METRICS_PORT": "9100", "prometheus_multiproc_dir": "/elsewhere"}
-    env = worker_env(base, 1, "/tmp/m", "host-a")
+    env = worker_env(base, 1, "/tmp/m")
     assert env == {
         "PATH": "/bin",
+        "PIPELINE_METRICS_PORT": "9100",  # the environment of the command line: its settings were parsed already
         "PIPELINE_WORKER_SLOT": "1",
         "PROMETHEUS_MULTIPROC_DIR": "/tmp/m",
-        "PIPELINE_METRICS_PORT": "0",
-        "PIPELINE_GROUP_INSTANCE_ID": "host-a-w1",
     }
-    assert "PIPELINE_GROUP_INSTANCE_ID" not in worker_env(base, 0, "/tmp/m", "")
+    settings = load_settings(None, {"PIPELINE_METRICS_PORT": "9100", "PIPELINE_GROUP_INSTANCE_ID": "host-a"})
+    assert (worker_settings(settings, 1).metrics_port, worker_settings(settings, 1).group_instance_id) == (
+        0,
+        "host-a-w1",
+    )
+    assert worker_settings(load_settings(None, {}), 0).group_instance_id == ""
 
 
-def test_a_worker_loads_its_settings_with_the_slot_the_config_file_port_overridden(tmp_path: Path) -> None:
+def test_a_worker_gets_the_settings_of_the_config_file_with_the_slot_and_the_port_overridden(tmp_path: Path) -> None:
     config = tmp_path / "service.toml"
     config.write_text("metrics_port = 9100\ngroup_instance_id = 'pod-7'\n")
-    env = worker_env({}, 3, str(tmp_path), load_settings(config, {}).group_instance_id)
-    settings = load_settings(config, env)  # PIPELINE_WORKER_SLOT is a known setting once pipeline.workers is loaded
+    settings = worker_settings(load_settings(config, {}), 3)
     assert (settings.metrics_port, settings.group_instance_id) == (0, "pod-7-w3")
+    # PIPELINE_WORKER_SLOT (a worker's environment) is a known setting once pipeline.supervisor is loaded
+    assert load_settings(config, {"PIPELINE_WORKER_SLOT": "3"}).metrics_port == 9100
     with pytest.raises(ConfigError, match="unknown setting PIPELINE_WORKER_SLOTS"):
         load_settings(None, {"PIPELINE_WORKER_SLOTS": "1"})
 
 
-def test_the_worker_command_repeats_the_options_but_workers_and_port() -> None:
+def test_a_worker_is_handed_the_parsed_settings_on_a_pipe_not_the_options_on_its_command_line() -> None:
     args = _parser().parse_args(
         [
             "--log-level",
@@ -177,21 +185,12 @@ def test_the_worker_command_repeats_the_options_but_workers_and_port() -> None:
             "kafka",
         ]
     )
-    command = worker_command(args, 42)
-    assert command[1:] == [
-        "-m",
-        "pipeline.workers",
-        "--supervisor",
-        "42",
-        "--log-level",
-        "debug",
-        "run",
-        "my.mod:app",
-        "--app-id",
-        "a",
-        "--sink",
-        "kafka",
-    ]
+    command = worker_command(42)
+    assert command[1:] == ["-m", "pipeline.worker", "--supervisor", "42"]
+    settings = load_settings(None, {}, app_id=args.app_id, sink=args.sink, metrics_port=args.metrics_port)
+    spec = pickle.loads(pickle.dumps(WorkerSpec(args.app, worker_settings(settings, 2), args.log_level, 2)))
+    assert (spec.app, spec.log_level, spec.slot) == ("my.mod:app", "debug", 2)
+    assert (spec.settings.app_id, spec.settings.sink, spec.settings.metrics_port) == ("a", "kafka", 0)
     assert _parser().parse_args(["run", "x:y"]).workers == 1
 
 
@@ -260,7 +259,7 @@ def test_a_second_signal_kills_workers_that_do_not_stop() -> None:
         1,
         [sys.executable, "-c", STUBBORN],
         lambda slot: dict(os.environ),
-        spawn=lambda command, env: subprocess.Popen(command, env=env, stdout=subprocess.PIPE),
+        spawn=lambda command, env, payload: subprocess.Popen(command, env=env, stdout=subprocess.PIPE),
     )
     supervisor.start()
     assert supervisor.slots[0].process.stdout.readline() == b"up\n"  # it ignores SIGTERM from now on

@@ -1,4 +1,4 @@
-"""The framework's own cost per record, without a broker: `PartitionTask.process` over in-memory messages into a
+"""The framework's own cost per record, without a broker: `KafkaTask.process` over in-memory messages into a
 producer that drops everything. Stable to a few per cent where broker runs on a shared 2-core machine vary by ±30 %,
 so it is the number to compare before and after a change to the hot path.
 
@@ -14,9 +14,10 @@ from confluent_kafka import Message
 
 from pipeline import settings as settings_module
 from pipeline.app import App
-from pipeline.lifecycle import Phase
+from pipeline.core.lifecycle import Phase
 from pipeline.metrics import Metrics
-from pipeline.task import PartitionTask, TaskContext
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import Transaction
 
 BATCH = 5_000
 
@@ -67,7 +68,7 @@ def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
     best, produced = float("inf"), 0
     for _ in range(passes):
         producer = NullProducer()
-        ctx = TaskContext(
+        ctx = KafkaTaskContext(
             app,
             settings,
             "overhead",
@@ -76,18 +77,20 @@ def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
             "overhead-changelog",
             "overhead-dlq",
             None,
-            lambda _, p=producer: p,
             Metrics(),
         )
-        task = PartitionTask(ctx, 0)
+        txn = Transaction(producer, settings, "overhead")
+        task = KafkaTask(ctx, 0, txn)
         task.start(0)
         if task.phase is Phase.RESTORING:
             task.restored(task.state, None, None)  # no restore: the state starts empty
+            task.phase = Phase.RUNNING  # no consumer to seek: the position is the start
         started = time.perf_counter()
         for i in range(0, len(messages), BATCH):
             task.process(messages[i : i + BATCH])
             task.state.commit()  # what a commit does to the state; the changelog writes are not counted
-            task._in_transaction = False
+            task.batch_open = False
+            txn.end()
         best = min(best, time.perf_counter() - started)
         produced = producer.produced
     return Overhead(app.name, len(messages), produced, best / max(len(messages), 1) * 1e6)

@@ -2,7 +2,7 @@
 
 One schema is filled once (COPY) with KEYS state rows of partition 0, shaped like running_totals_pg's (key
 "account-<i>", value "[count,sum]"). Then each run is a fresh process (so RSS is its own) that takes p0 over as the
-runner does: fence, then restore steps of RESTORE_STEP_MS (keyset pages, `PgWorker.restore_step`) until done;
+runner does: fence, then restore steps of RESTORE_STEP_MS (keyset pages, `PostgresTask.restore_step`) until done;
 `--modes single` also runs the restore as it was before issue 11: one statement reading every row in one REPEATABLE
 READ transaction inside the assignment callback. Medians over the runs; the load average is printed with each run.
 
@@ -28,9 +28,9 @@ from psycopg import sql
 from pipeline.examples.running_totals_pg import TotalsSink
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.metrics import Metrics
-from pipeline.postgres.schema import STATE, connection_kwargs, ensure_schema
-from pipeline.postgres.worker import PgWorker, WorkerContext
 from pipeline.settings import Settings
+from pipeline.sinks.postgres.schema import STATE, connection_kwargs, ensure_schema
+from pipeline.sinks.postgres.task import PostgresTask, PostgresTaskContext
 from pipeline.state import PartitionState
 
 DEFAULT_DSN = "postgresql://pipeline:pipeline@127.0.0.1:55432/pipeline"
@@ -59,24 +59,24 @@ def child(dsn: str, schema: str, mode: str, step_ms: int) -> dict:
     settings = Settings(sink="postgres", postgres_dsn=dsn, postgres_schema=schema, restore_step_ms=step_ms)
     kwargs = {**connection_kwargs(settings, "bench-restore"), "autocommit": True}
     with psycopg_pool.ConnectionPool(dsn, min_size=1, max_size=1, kwargs=kwargs) as pool:
-        ctx = WorkerContext(totals_pg, settings, APP_ID, TOPIC, pool, TotalsSink(), Metrics(), "bench")
-        worker = PgWorker(ctx, 0)
+        ctx = PostgresTaskContext(totals_pg, settings, APP_ID, TOPIC, pool, TotalsSink(), Metrics(), "bench")
+        task = PostgresTask(ctx, 0)
         before = rss_mb()
         started = time.monotonic()
-        worker.fence()
+        task.fence()
         steps, longest = 0, 0.0
         if mode == "single":
-            longest = single_statement(pool, schema, worker.state)
+            longest = single_statement(pool, schema, task.state)
             steps = 1
         else:
             while True:
                 step_started = time.monotonic()
-                done = worker.restore_step(step_ms / 1000)
+                done = task.restore_step(step_ms / 1000)
                 steps, longest = steps + 1, max(longest, time.monotonic() - step_started)
                 if done:
                     break
         seconds = time.monotonic() - started
-        keys = len(worker.state)
+        keys = len(task.state)
     after = rss_mb()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {

@@ -2,9 +2,9 @@
 
 One input topic (3 partitions) is filled once with running-totals records; then, for every batch size and mode, a
 runner with a fresh app id reads all of it, in-process (its loop in a thread):
-    pg   PgRunner, running_totals_pg: per batch one database transaction (offsets row with the epoch check, COPY into
-         `outputs`, upsert into `totals`, upsert of the state rows)
-    eos  the Kafka Runner, running_totals: per batch one Kafka transaction (outputs, changelog, offsets)
+    pg   PostgresRunner, running_totals_pg: per batch one database transaction (offsets row with the epoch check,
+         COPY into `outputs`, upsert into `totals`, upsert of the state rows)
+    eos  KafkaRunner, running_totals: per batch one Kafka transaction (outputs, changelog, offsets)
 "Batch size" is commit_max_records (and poll_max_records, so that a poll does not overshoot it by much); the commit
 interval is long (2 s) so that batches are cut by size. The rate is taken over the middle of the run: from the
 moment 10% of the records are committed to the moment 90% are, so start-up (group join, fencing) and the last
@@ -32,9 +32,9 @@ from psycopg import sql
 
 from pipeline.examples import running_totals, running_totals_pg
 from pipeline.metrics import Metrics
-from pipeline.postgres.runner import PgRunner
-from pipeline.runner import Runner
 from pipeline.settings import Settings
+from pipeline.sinks.kafka.runner import KafkaRunner
+from pipeline.sinks.postgres.runner import PostgresRunner
 from pipeline.testing.inputs import create_topics, produce_running_totals
 
 PARTITIONS = 3
@@ -86,18 +86,18 @@ def run_one(mode: str, batch: int, args: argparse.Namespace, topic: str, total: 
     }
     if mode == "pg":
         schema = f"bench_{suffix}"
-        runner = PgRunner(
+        runner = PostgresRunner(
             running_totals_pg.app, Settings(**common, sink="postgres", postgres_dsn=args.dsn, postgres_schema=schema)
         )
 
         def committed() -> int:
-            return sum(w.committed_offset or 0 for w in list(runner.workers.values()))
+            return sum(w.committed_offset or 0 for w in list(runner.tasks.values()))
     else:
         schema = None
         output = f"bench-pg-out-{suffix}"
         topics = [output, f"{common['app_id']}-changelog", f"{common['app_id']}-dlq"]
         create_topics(args.bootstrap_servers, {output: PARTITIONS})
-        runner = Runner(running_totals.app, Settings(**common, output_topic=output))
+        runner = KafkaRunner(running_totals.app, Settings(**common, output_topic=output))
 
         def committed() -> int:
             return sum(t.committed_offset or 0 for t in list(runner.tasks.values()))

@@ -1,13 +1,13 @@
-"""`python -m tools.bench`: throughput of the Runner against a plain consume->produce loop, on a real broker.
+"""`python -m tools.bench`: throughput of the KafkaRunner against a plain consume->produce loop, on a real broker.
 
 Every cell of the matrix (workload x value size x commit interval) runs three modes, each on fresh topics pre-filled
 with the same records (3 input partitions):
     raw  a plain, non-transactional confluent-kafka loop: consume a batch, produce every record with the same key and
          value to the same output partition, commit offsets asynchronously every commit interval. No framework: the
-         physical limit of one Python process. Its producer is configured like the Runner's at_least_once producer
+         physical limit of one Python process. Its producer is configured like the KafkaRunner's at_least_once producer
          (idempotent, acks=all, linger.ms=5), so raw vs at_least_once is the cost of the framework alone.
-    alo  the Runner with processing_guarantee=at_least_once
-    eos  the Runner with exactly_once (the default)
+    alo  the KafkaRunner with processing_guarantee=at_least_once
+    eos  the KafkaRunner with exactly_once (the default)
 
 Throughput is measured from the first input record processed to the last one (records_in reaching N; raw: its
 producer flushed), so group join, fencing and restore are excluded; commits during the run are included, the final
@@ -45,8 +45,8 @@ from pipeline import settings as settings_module
 from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
 from pipeline.metrics import Metrics
-from pipeline.runner import Runner
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.testing.inputs import create_topics, produce_copier, produce_running_totals
 from tools.bench import overhead
 
@@ -58,11 +58,11 @@ SIZES: dict[str, int] = {"100B": 100, "1KB": 1024}
 INTERVALS: dict[str, int] = {"100ms": 100, "1s": 1000}
 MODES: dict[str, str | None] = {"raw": None, "alo": AT_LEAST_ONCE, "eos": EXACTLY_ONCE}
 PRODUCERS = (PER_PARTITION, PER_PROCESS)
-PER_PROCESS_SUFFIX = "-per_process"  # "eos-per_process": the Runner mode with PRODUCERS=per_process
+PER_PROCESS_SUFFIX = "-per_process"  # "eos-per_process": the KafkaRunner mode with PRODUCERS=per_process
 DEFAULT_RECORDS: dict[int, int] = {100: 400_000, 1024: 150_000}
 QUICK_RECORDS: dict[int, int] = {100: 20_000, 1024: 8_000}
 PROFILE_RECORDS = 100_000
-BATCH = 5_000  # records per consume() call, as the Runner's default poll_max_records
+BATCH = 5_000  # records per consume() call, as the KafkaRunner's default poll_max_records
 SAMPLE_S = 0.005
 STOP_TIMEOUT_S = 30.0
 TARGET_EOS_ALO = 0.85
@@ -97,7 +97,7 @@ class Result:
     rate: float | None  # input records per second; None if the run failed
     seconds: float = 0.0
     error: str = ""
-    transactions: int = 0  # Runner modes: commits (all partitions) until the last input record was processed
+    transactions: int = 0  # KafkaRunner modes: commits (all partitions) until the last input record was processed
     commit_s: float = 0.0  # their summed latency (commits of several partitions run in parallel)
     runs: tuple[float | None, ...] = ()  # with --repeat: the rate of every run; this result is their median
 
@@ -146,7 +146,7 @@ def fill(run: Run) -> dict[int, int]:
 
 
 def cleanup(run: Run, timeout_s: float = 30.0) -> None:
-    """Deletes every topic and group named after the run (the Runner adds its internal topics)."""
+    """Deletes every topic and group named after the run (the KafkaRunner adds its internal topics)."""
     admin = AdminClient({"bootstrap.servers": run.bootstrap})
     try:
         names = [t for t in admin.list_topics(timeout=timeout_s).topics if t.startswith(run.run_id)]
@@ -227,7 +227,7 @@ class RawLoop:
     """consume -> produce the same key/value to the same partition -> async offset commit every interval.
 
     `done` counts the records processed, but reaches N only once the producer has flushed the last outputs: the
-    Runner modes flush (alo) or commit (eos) every interval, so raw must not win by leaving its outputs queued.
+    KafkaRunner modes flush (alo) or commit (eos) every interval, so raw must not win by leaving its outputs queued.
     """
 
     def __init__(self, run: Run) -> None:
@@ -303,7 +303,7 @@ def run_raw(run: Run, timeout_s: float) -> Result:
 
 
 # -- modes alo / eos ---------------------------------------------------------------------------------------------------
-def make_runner(run: Run, app: App | None = None) -> Runner:
+def make_runner(run: Run, app: App | None = None) -> KafkaRunner:
     settings = settings_module.load(
         env={},
         bootstrap_servers=run.bootstrap,
@@ -314,7 +314,7 @@ def make_runner(run: Run, app: App | None = None) -> Runner:
         commit_interval_ms=run.cell.commit_interval_ms,
         producers=PER_PROCESS if run.mode.endswith(PER_PROCESS_SUFFIX) else PER_PARTITION,
     )
-    return Runner(app or WORKLOADS[run.cell.workload], settings)
+    return KafkaRunner(app or WORKLOADS[run.cell.workload], settings)
 
 
 def run_runner(run: Run, timeout_s: float, app: App | None = None) -> Result:
@@ -410,10 +410,10 @@ def profile(bootstrap: str, records: int, timeout_s: float, top: int) -> str:
 
 
 KEY_FUNCTIONS = (  # (file suffix, function): where the profiled thread waits or works per batch
-    ("pipeline/runner.py", "_commit_due"),
-    ("pipeline/task.py", "commit"),
+    ("pipeline/sinks/kafka/runner.py", "_commit_due"),
+    ("pipeline/sinks/kafka/task.py", "commit"),
     ("~", "<method 'consume' of 'cimpl.Consumer' objects>"),
-    ("pipeline/runner.py", "_dispatch"),
+    ("pipeline/sinks/kafka/runner.py", "_dispatch"),
 )
 
 
@@ -562,7 +562,7 @@ def _parser() -> argparse.ArgumentParser:
         "--producers",
         default=PER_PARTITION,
         help="PRODUCERS of the alo/eos modes, comma-separated "
-        f"({', '.join(PRODUCERS)}); with both, every Runner mode runs once per value, interleaved",
+        f"({', '.join(PRODUCERS)}); with both, every KafkaRunner mode runs once per value, interleaved",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode and cell; the median is reported")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for one run (default 120)")

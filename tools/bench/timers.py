@@ -1,7 +1,7 @@
 """`python -m tools.bench.timers`: what timers cost on a real broker (issue 10), two parts in one run.
 
 throughput  windowed_totals with 100 k open windows against running_totals on the same input, exactly_once, 100 ms
-            commit interval, 3 input partitions (tools/bench/throughput.py's Runner measurement: from the first input
+            commit interval, 3 input partitions (tools/bench/throughput.py's runner measurement: from the first input
             record processed to the last). The input: --accounts accounts, one record each per 10 s window, all of
             a window's records stamped in its first 2 s (within the grace). So a window closes only when the first
             record of the window after next arrives: after the first window, between 1x and 2x --accounts windows
@@ -46,10 +46,10 @@ from pipeline.kafka.clients import client_config, producer_config, restore_consu
 from pipeline.kafka.offsets import high_watermarks
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG
 from pipeline.metrics import Metrics
-from pipeline.runner import Runner
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_writer import write_snapshot
-from pipeline.state.timers import STREAM_TIME_KEY, TIMER_PREFIXES, restored_state
+from pipeline.state.timed import STREAM_TIME_KEY, TIMER_PREFIXES, restored_state
 from pipeline.testing.inputs import account_partition, create_topics, produce
 from tools.bench import snapshots
 from tools.bench.throughput import (
@@ -109,7 +109,7 @@ class PendingTimers:
     `lowest`: the fewest pending timers a partition held for each of its accounts, once past its first window (per
     partition: the partitions progress unevenly, so their sum can dip while one of them fires a burst)."""
 
-    def __init__(self, runner: Runner, accounts: Mapping[int, int]) -> None:
+    def __init__(self, runner: KafkaRunner, accounts: Mapping[int, int]) -> None:
         self.runner, self.accounts = runner, accounts
         self.highest = self.last = 0
         self.lowest: float | None = None

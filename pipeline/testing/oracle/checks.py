@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import orjson
 
 from pipeline.app import App
-from pipeline.deadletter import DeadLetter
-from pipeline.provenance import TIMER_HEADER, decode_timer
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.provenance import TIMER_HEADER, decode_timer
 from pipeline.state.changelog import Checkpoint, is_checkpoint
 from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
 from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference

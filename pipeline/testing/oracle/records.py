@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.provenance import decode_source
+from pipeline.core.provenance import decode_source
 
 Coord = tuple[int, int]  # (input partition, input offset)
 

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from pipeline.app import App, Output, Reject
-from pipeline.provenance import TimerSource
+from pipeline.core.provenance import TimerSource
 from pipeline.state.store import PartitionState
 from pipeline.testing.oracle.records import Coord, KafkaRecord
 from pipeline.testing.oracle.timers import Firings, new_state

@@ -21,9 +21,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
 from pipeline.app import App, Output
-from pipeline.provenance import TimerSource, decode_timer
+from pipeline.core.provenance import TimerSource, decode_timer
 from pipeline.state.store import PartitionState
-from pipeline.state.timers import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
+from pipeline.state.timed import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 from pipeline.state.versions import VERSION_KEY, StateVersionError, current_value, tag
 from pipeline.testing.oracle.records import KafkaRecord
 from pipeline.testing.oracle.verdict import Findings, Verdict

@@ -4,14 +4,15 @@ Throughput. Every run gets fresh topics (input 3 partitions, output 3 partitions
 (`--records` running-totals records of 100 B, 50 accounts, pipeline/testing/inputs.py), then one of:
     raw          the raw loop of tools/bench/throughput.py: consume, produce the same record to the same partition,
                  async offset commit every 100 ms; no state, no transactions. The physical limit of one Python process.
-    ours-100ms   the Runner, exactly_once, COMMIT_INTERVAL_MS=100 (our default), in-process like `python -m tools.bench`
+    ours-100ms   the KafkaRunner, exactly_once, COMMIT_INTERVAL_MS=100 (our default), in-process like
+                 `python -m tools.bench`
     ours-1s      the same at 1000 ms
     quix-default Quix Streams 3.28.1, processing_guarantee="exactly-once", commit_interval at its default (5 s)
     quix-100ms   the same at commit_interval=0.1
     quix-1s      the same at commit_interval=1.0
 Quix runs as a subprocess from its own venv (`--quix-python`, default .venv-quix/bin/python: quixstreams needs
 confluent-kafka < 2.13, this package pins 2.16.1) executing tools/bench/peers/quix_running_totals.py, which measures
-itself the way tools/bench/throughput.py measures the Runner: processed-record count sampled every 5 ms, from the first
+itself the way tools/bench/throughput.py measures ours: processed-record count sampled every 5 ms, from the first
 sample that saw progress to the count reaching N (start-up, group join, restore and the final commit excluded for
 both). After each run the committed outputs are counted read_committed and must equal the input count. Runs are
 sequential, modes interleaved per repetition; the median of `--repeat` runs is reported.
@@ -22,8 +23,9 @@ group's committed offset reaches the end; that process is then SIGKILLed. Once t
 member (so neither side waits for a session time-out), the sides are restarted alternately, `--restore-repeat`
 times each, one new record produced before every restart (the later restarts follow a clean stop of the previous
 one; the load average at each start is printed):
-    ours  a Runner in this process; times from before Runner() to every assigned task RUNNING (restore done) and to
-          the new record processed; the restore phase alone from the Runner's restore_seconds metric
+    ours  a KafkaRunner in this process; times from before KafkaRunner() to every assigned task RUNNING (restore done)
+          and to
+          the new record processed; the restore phase alone from the KafkaRunner's restore_seconds metric
     Quix  the local state dir deleted first, then the Quix script; times from before Application() to its
           "Beginning recovery check" / "Recovery process complete" log lines and to the new record processed
 
@@ -55,10 +57,10 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from pipeline import settings as settings_module
+from pipeline.core.lifecycle import Phase
 from pipeline.examples import running_totals
 from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
-from pipeline.lifecycle import Phase
-from pipeline.runner import Runner
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.state.changelog import changelog_topic
 from pipeline.testing.inputs import ProducedRecord, create_topics, produce
 from tools.bench import throughput as bench
@@ -349,7 +351,7 @@ def _sample(metric, partition: str = "0") -> float:
     )
 
 
-def _all_running(runner: Runner) -> bool:
+def _all_running(runner: KafkaRunner) -> bool:
     try:
         tasks = list(runner.tasks.values())
     except RuntimeError:  # changed size while the runner thread assigns
@@ -362,7 +364,7 @@ def restart_ours(opts: Options, run_id: str, input_topic: str, output_topic: str
         env={}, bootstrap_servers=opts.bootstrap, app_id=run_id, input_topic=input_topic, output_topic=output_topic
     )
     started = time.monotonic()
-    runner = Runner(running_totals.app, settings)
+    runner = KafkaRunner(running_totals.app, settings)
     worker = bench.Worker(runner.run, f"restore-{run_id}")
     deadline = started + opts.timeout_s
     ready_at = None

@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 
 from pipeline.app import App, Output
-from pipeline.postgres.schema import Column, Table
+from pipeline.sinks.postgres.schema import Column, Table
 
 
 @dataclass(frozen=True, slots=True)

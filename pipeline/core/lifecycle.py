@@ -1,5 +1,5 @@
 """The life of one owned input partition in a runner: one Phase enum and one table of the moves between phases,
-shared by both sinks (PartitionTask in the Kafka sink, PgWorker in the PostgreSQL sink), as Kafka Streams' Task.State.
+shared by both sinks (KafkaTask in the Kafka sink, PostgresTask in the PostgreSQL sink), as Kafka Streams' Task.State.
 
     NEW        -> RESTORING  start(): a stateful app restores p's state first (Kafka sink)
                -> RUNNING    start(): nothing to restore

@@ -1,4 +1,6 @@
-"""worker(p) of the PostgreSQL sink: the exactly-once protocol for one input partition, top to bottom.
+"""task(p) of the PostgreSQL sink: one input partition's records processed in memory, its batch written by the
+runner in one database transaction (pipeline/sinks/postgres/runner.py: `commit_batch`). What it shares with the Kafka
+sink's task (position, batch, retries, the phases) is pipeline/core/task.py.
 
     fence()     bump p's owner epoch in pipeline_offsets, in its own committed transaction, and read p's next
                 offset in the same statement. From then on every write transaction of an older owner (a zombie)
@@ -6,14 +8,13 @@
                 are not read: the database is the truth.                                   NEW -> RESTORING
     restore_step() p's state rows, a few pages at a time between polls while p stays paused (docs/guarantees.md:
                 restore-keeps-membership); once all are in and the epoch is still ours, the runner seeks to the
-                offset read by the fence.                                   RESTORING -> RUNNING -> REWINDING
-    positioned() the consumer reads from that offset now                                  REWINDING -> RUNNING
+                offset read by the fence (try_seek_back).                RESTORING -> REWINDING -> RUNNING
     process()   decode -> process -> collect outputs, state changes and dead letters in memory (no database I/O);
                 a record that fails is retried, then dead-lettered into the batch or stops p
-                (pipeline/processing.py; docs/guarantees.md: no-silent-skip)                RUNNING -> STOPPED
-    commit()    ONE transaction: advance p's offset row WHERE epoch = ours (0 rows: fenced -> roll back), write the
-                outputs through the sink, upsert/delete the changed state keys, insert the dead letters; commit.
-    after any failure: nothing of the batch stays (one transaction). The runner throws this worker away and takes
+                (pipeline/core/processing.py; docs/guarantees.md: no-silent-skip)             RUNNING -> STOPPED
+    advance_offset(), write_state(), write_dead_letters()
+                what the runner's commit writes of p, inside its transaction
+    after any failure: nothing of the batch stays (one transaction). The runner throws this task away and takes
                 p over again later with a new one: fence again, restore offset and state from the tables, seek.
                 That is also how a commit whose outcome is unknown (connection lost during COMMIT) is resolved: the
                 table says.
@@ -39,18 +40,17 @@ from dataclasses import dataclass
 
 import psycopg
 import psycopg_pool
-from confluent_kafka import Message
 from psycopg import sql
 
 from pipeline.app import App, Output
-from pipeline.deadletter import DeadLetter
-from pipeline.lifecycle import Lifecycle, Phase, commit_deadline
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.processing import Attempts, record_from_message
+from pipeline.core.task import Task
+from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
-from pipeline.postgres.sink import OutputRow, TableSink, Target
-from pipeline.processing import Attempts, record_from_message
 from pipeline.settings import Settings
-from pipeline.state import PartitionState
+from pipeline.sinks.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
+from pipeline.sinks.postgres.tables import OutputRow, TableSink, Target
 
 log = logging.getLogger(__name__)
 # Rows per page of the stepped restore: one page is ~10-50 ms (1 M rows/s on a quiet machine), so a step of
@@ -59,7 +59,7 @@ RESTORE_PAGE_ROWS = 10_000
 
 
 class Fenced(Exception):
-    """p's epoch is no longer this worker's: another owner fenced it. Nothing of the batch was kept."""
+    """p's epoch is no longer this task's: another owner fenced it. Nothing of the batch was kept."""
 
 
 class WriteFailed(Exception):
@@ -68,7 +68,7 @@ class WriteFailed(Exception):
 
 
 @dataclass(frozen=True)
-class WorkerContext:
+class PostgresTaskContext:
     app: App
     settings: Settings
     app_id: str
@@ -87,30 +87,19 @@ class WorkerContext:
         return sql.Identifier(self.settings.postgres_schema, name)
 
 
-class PgWorker(Lifecycle):
-    def __init__(self, ctx: WorkerContext, partition: int) -> None:
-        super().__init__()
+class PostgresTask(Task):
+    def __init__(self, ctx: PostgresTaskContext, partition: int) -> None:
+        s, metrics = ctx.settings, ctx.metrics
+        attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
         self.ctx = ctx
-        self.partition = partition
-        self.label = str(partition)
-        self.state = PartitionState(ctx.app.state_serde)
         self.epoch: int | None = None
-        self.committed_offset: int | None = None  # next input offset per the offsets row (None: nothing yet)
-        self.next_offset: int | None = None  # next input offset to process
         self.restored_keys = 0
         self.restore_seconds = 0.0  # from the fence to the last page
         self._restore_started = 0.0
         self._restored_up_to: str | None = None  # the last state key read (keyset pagination); None: none yet
-        self._rows: list[OutputRow] = []
-        self._dead: list[DeadLetter] = []
-        self._batch_records = 0
-        self._batch_started = 0.0
-        self._batch_first_timestamp = self._batch_last_timestamp = 0  # of its input records (ms): end-to-end latency
-        self._records_in = ctx.metrics.records_in.labels(self.label)
-        self._records_out = ctx.metrics.records_out.labels(self.label)
-        self._attempts = Attempts.of(
-            ctx.settings, ctx.metrics.processing_errors.labels(self.label), ctx.metrics.dead_letters
-        )
+        self.rows: list[OutputRow] = []  # the batch's outputs, with the input record each came from
+        self.dead_letters: list[DeadLetter] = []  # the batch's dead letters
         offsets, state, dead = (ctx.table(t.name) for t in (OFFSETS, STATE, DEAD_LETTERS))
         self._sql_fence = sql.SQL(
             "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
@@ -153,15 +142,14 @@ class PgWorker(Lifecycle):
         again)."""
         self._restore_started = time.monotonic()
         try:
-            with self._connection() as conn, conn.transaction():
-                self.epoch, self.committed_offset = conn.execute(
-                    self._sql_fence, (*self._where, self.ctx.owner)
-                ).fetchone()
+            with self.connection() as conn, conn.transaction():
+                row = conn.execute(self._sql_fence, (*self._where, self.ctx.owner)).fetchone()
+                assert row is not None  # INSERT ... ON CONFLICT DO UPDATE ... RETURNING: always one row
+                self.epoch, self.committed_offset = row
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
             self.epoch = None  # fenced maybe, but not usable
-            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
-        self.next_offset = self.committed_offset
-        self._transition(Phase.RESTORING)
+            raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
+        self.start(self.committed_offset, restore=True)
         return self.committed_offset
 
     def restore_step(self, budget_s: float) -> bool:
@@ -170,20 +158,18 @@ class PgWorker(Lifecycle):
         meanwhile, WriteFailed if the database is not usable (the worker is not to be used again)."""
         until = time.monotonic() + budget_s
         try:
-            with self._connection() as conn:
+            with self.connection() as conn:
                 while not self._read_page(conn):
                     if time.monotonic() >= until:
                         return False
                 self._check_still_ours(conn)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
             self.epoch = None
-            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
+            raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
         self.restored_keys = len(self.state)
-        self._transition(Phase.RUNNING)  # the state is complete (as the Kafka sink's task after its restore) ...
-        self._transition(Phase.REWINDING)  # ... and the position comes from the fenced offset: the seek is pending
+        self.restored(self.state)  # complete; the position comes from the fenced offset: the seek is pending
         self.restore_seconds = time.monotonic() - self._restore_started
-        self.ctx.metrics.restore_seconds.labels(self.label).set(self.restore_seconds)
-        self.ctx.metrics.restore_records.labels(self.label).inc(self.restored_keys)
+        self.ctx.metrics.observe_restore(self.partition, self.restore_seconds, self.restored_keys)
         return True
 
     def take_over(self) -> int | None:
@@ -207,95 +193,56 @@ class PgWorker(Lifecycle):
         return False
 
     def _check_still_ours(self, conn: psycopg.Connection) -> None:
-        _, epoch, owner = conn.execute(self._sql_read_offset, self._where).fetchone()
+        row = conn.execute(self._sql_read_offset, self._where).fetchone()
+        if row is None:  # deleted under the restore (a schema reset, a manual repair): not ours to go on with
+            raise Fenced(f"p{self.partition}: the offsets row is gone (ours was epoch {self.epoch})")
+        _, epoch, owner = row
         if epoch != self.epoch:
             raise Fenced(
                 f"p{self.partition}: fenced during the restore (epoch {epoch} of {owner}, ours was {self.epoch})"
             )
 
-    def positioned(self) -> None:
-        """The consumer reads p from the restored offset now (assigned there, or the seek took effect)."""
-        self._transition(Phase.RUNNING)
-
     # -- 3. process: in memory only ------------------------------------------------------------------------------------
-    def process(self, messages: list[Message]) -> None:
-        app, state = self.ctx.app, self.state
-        processed = 0
+    def process(self, messages: list[Consumed]) -> None:
+        app, state = self.app, self.state
+        processed = produced = 0
         for msg in messages:
             offset = msg.offset()
             if self.next_offset is not None and offset < self.next_offset:
                 continue  # fetched before the seek to the restored offset took effect
-            if not self._batch_records:
-                self._batch_started = time.monotonic()
+            if not self.batch_open:
+                self.open_batch()
             state.begin_record()
             try:
                 outputs = list(app.process(state, record_from_message(app, msg)))
             except Exception as error:  # decoding or user code: poison until proven otherwise
                 outputs = self._retry(msg, error)
-            self._rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
-            self._records_out.inc(len(outputs))
+            self.rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
+            produced += len(outputs)
             self.next_offset = offset + 1
-            self._batch_records += 1
+            self.batch_records += 1
             processed += 1
         if processed:
-            self._batch_first_timestamp = self._batch_first_timestamp or messages[0].timestamp()[1]
-            self._batch_last_timestamp = msg.timestamp()[1]
-        self._records_in.inc(processed)
+            self.note_batch(messages, msg, processed, produced)
 
-    def _retry(self, msg: Message, error: Exception) -> list[Output]:
-        """After a failed first attempt: the shared retry path (pipeline/processing.py). Its dead letter becomes a
-        row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
-        app, state = self.ctx.app, self.state
+    def _retry(self, msg: Consumed, error: Exception) -> list[Output]:
+        """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter becomes
+        a row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
+        app, state = self.app, self.state
         outcome = self._attempts.retry(
             state, msg, error, lambda: list(app.process(state, record_from_message(app, msg)))
         )
         if isinstance(outcome, DeadLetter):
-            self._dead.append(outcome)
+            self.dead_letters.append(outcome)
             return []
         return outcome
 
-    # -- 4. commit: one database transaction -----------------------------------------------------------------------
-    @property
-    def pending(self) -> int:
-        """Records processed since the last commit."""
-        return self._batch_records
+    # -- 4. what the runner's commit writes of p (pipeline/sinks/postgres/runner.py: commit_batch) --------------------
+    def batch_committed(self) -> None:
+        super().batch_committed()
+        self.rows, self.dead_letters = [], []
 
-    def commit_deadline(self) -> float | None:
-        s = self.ctx.settings
-        return (
-            commit_deadline(self._batch_started, self._batch_records, s.commit_interval_ms, s.commit_max_records)
-            if self._batch_records
-            else None
-        )
-
-    def commit(self) -> None:
-        """Writes the batch and advances p's offset in one transaction, or raises Fenced / WriteFailed with nothing
-        of it kept (then this worker must not be used again: the runner takes p over anew)."""
-        if not self._batch_records:
-            return
-        started = time.monotonic()
-        try:
-            with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
-                self._advance_offset(cur)  # first: locks p's row until COMMIT, fails at once for a zombie
-                if self._rows:
-                    self.ctx.sink.write(cur, self.ctx.target, self._rows)
-                self._write_state(cur)
-                self._write_dead_letters(cur)
-        except Fenced:
-            self.ctx.metrics.transactions.labels(self.label, "fenced").inc()
-            raise
-        except Exception as e:  # server gone, COMMIT outcome unknown, or the sink's statement failed
-            self.ctx.metrics.transactions.labels(self.label, "failed").inc()
-            raise WriteFailed(f"{type(e).__name__}: {_first_line(e)}") from e
-        self.state.commit()
-        self.committed_offset = self.next_offset
-        self._rows, self._dead, self._batch_records = [], [], 0
-        self.ctx.metrics.commit_latency.observe(time.monotonic() - started)
-        self.ctx.metrics.observe_end_to_end(self._batch_first_timestamp, self._batch_last_timestamp)
-        self._batch_first_timestamp = self._batch_last_timestamp = 0
-        self.ctx.metrics.transactions.labels(self.label, "committed").inc()
-
-    def _advance_offset(self, cur: psycopg.Cursor) -> None:
+    def advance_offset(self, cur: psycopg.Cursor) -> None:
         """The epoch check: p's offset moves only if p's epoch is still ours. Tests replace this with a broken
         version to show that the fence, not a constraint, keeps a zombie's duplicates out."""
         cur.execute(self._sql_advance, (self.next_offset, *self._where, self.epoch))
@@ -307,11 +254,11 @@ class PgWorker(Lifecycle):
                 self.partition,
                 self.epoch,
                 now,
-                self._batch_records,
+                self.batch_records,
             )
             raise Fenced(f"p{self.partition}: epoch {self.epoch} fenced ({now})")
 
-    def _write_state(self, cur: psycopg.Cursor) -> None:
+    def write_state(self, cur: psycopg.Cursor) -> None:
         upserts, deletes = [], []
         for key, value in self.state.changes():
             if value is None:
@@ -323,8 +270,8 @@ class PgWorker(Lifecycle):
         if deletes:
             cur.executemany(self._sql_delete_state, deletes)
 
-    def _write_dead_letters(self, cur: psycopg.Cursor) -> None:
-        if self._dead:
+    def write_dead_letters(self, cur: psycopg.Cursor) -> None:
+        if self.dead_letters:
             cur.executemany(
                 self._sql_dead_letter,
                 [
@@ -338,16 +285,16 @@ class PgWorker(Lifecycle):
                         d.error_message[:2000],
                         d.attempts,
                     )
-                    for d in self._dead
+                    for d in self.dead_letters
                 ],
             )
 
     @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection]:
+    def connection(self) -> Iterator[psycopg.Connection]:
         with self.ctx.pool.connection(timeout=self.ctx.pool_wait_s) as conn:
             yield conn
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__

@@ -1,18 +1,19 @@
-"""The runner of the PostgreSQL sink: one consumer per process, one PgWorker per owned input partition.
+"""The runner of the PostgreSQL sink: one consumer per process, one PostgresTask per owned input partition, and the
+database transaction that commits each partition's batch (`commit_batch`, below).
 
-Lifecycle of partition p in this process: the worker's Phase (pipeline/lifecycle.py), moved by its methods.
+Lifecycle of partition p in this process: the task's Phase (pipeline/core/lifecycle.py).
     assigned  -> take over: fence (bump epoch, read the offset) in the callback, assigned there, paused
                                                                                               NEW -> RESTORING
-                 (database unusable: assigned paused; a new worker takes p over later, with back-off)       NEW
+                 (database unusable: assigned paused; a new task takes p over later, with back-off)       NEW
     restoring -> the state rows read in pages between polls, within RESTORE_STEP_MS in all (docs/guarantees.md:
                  restore-keeps-membership); then the seek to the fenced offset, p resumed
                                                                   RESTORING -> REWINDING -> RUNNING
     running   -> records processed in memory, one database transaction per batch (interval / size)
     failed    -> a write failed (server gone, connection lost, unknown COMMIT outcome) or the epoch check failed
-                 (fenced): the worker is thrown away, p paused. After a back-off (bounded, doubling; fenced:
-                 REFENCE_AFTER_S) a new worker takes p over if the group still gives p to this process:
+                 (fenced): the task is thrown away, p paused. After a back-off (bounded, doubling; fenced:
+                 REFENCE_AFTER_S) a new task takes p over if the group still gives p to this process:
                  fence, then restore as above                                                 NEW -> RESTORING
-    revoked   -> the open batch is committed, the worker forgotten
+    revoked   -> the open batch is committed, the task forgotten
     lost      -> the open batch is committed only if the epoch is still ours (the database decides, not the group
                  membership: if nobody fenced p yet, nothing was taken over and committing is correct)
     poison    -> on_poison=stop: what came before is committed, p stays paused                RUNNING -> STOPPED
@@ -35,17 +36,18 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
+from pipeline.core.lifecycle import Phase
+from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
+from pipeline.core.processing import PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
 from pipeline.kafka.topics import partition_counts
-from pipeline.lifecycle import Phase
-from pipeline.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
-from pipeline.postgres.schema import connection_kwargs, describe_dsn, prepare_database
-from pipeline.postgres.sink import sink_of
-from pipeline.postgres.worker import Fenced, PgWorker, WorkerContext, WriteFailed
-from pipeline.processing import PoisonRecordStop
+from pipeline.retry import Backoff
 from pipeline.settings import ConfigError, Settings
+from pipeline.sinks.postgres.schema import connection_kwargs, describe_dsn, prepare_database
+from pipeline.sinks.postgres.tables import sink_of
+from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed, first_line
 
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 0.1
@@ -54,12 +56,42 @@ POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep po
 TAKING_OVER = (Phase.NEW, Phase.RESTORING, Phase.REWINDING)
 
 
-class PgRunner(PollLoop):
+def commit_batch(task: PostgresTask) -> None:
+    """Writes p's batch in ONE database transaction, or raises Fenced / WriteFailed with nothing of it kept (then the
+    task must not be used again: the runner takes p over anew, from what the tables say)."""
+    if not task.batch_open:
+        return
+    ctx, started = task.ctx, time.monotonic()
+    try:
+        with task.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            # 1. p's offset row moves only if p's epoch is still ours (docs/guarantees.md: pg-epoch-fence): first, so
+            #    that a zombie fails at once, and the row stays locked until the COMMIT (a new owner's fence waits).
+            task.advance_offset(cur)
+            # 2. The outputs, through the App's TableSink.
+            if task.rows:
+                ctx.sink.write(cur, ctx.target, task.rows)
+            # 3. p's changed state keys: upserts and deletes.
+            task.write_state(cur)
+            # 4. The batch's dead letters.
+            task.write_dead_letters(cur)
+        # 5. COMMIT, leaving the block: all of it, or none of it.
+    except Fenced:
+        ctx.metrics.transactions.labels(task.label, "fenced").inc()
+        raise
+    except Exception as e:  # server gone, COMMIT outcome unknown, or the sink's statement failed
+        ctx.metrics.transactions.labels(task.label, "failed").inc()
+        raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
+    ctx.metrics.commit_latency.observe(time.monotonic() - started)
+    # 6. The state and the committed offset move forward.
+    task.batch_committed()
+
+
+class PostgresRunner(PollLoop):
     commit_on_lost = True  # the epoch check, not the group membership, decides whether a batch may commit
 
     def __init__(self, app: App, settings: Settings) -> None:
         if settings.sink != "postgres":
-            raise ConfigError(f"PgRunner needs SINK=postgres, not {settings.sink!r}")
+            raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
         if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
             raise ConfigError(
                 f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
@@ -76,13 +108,25 @@ class PgRunner(PollLoop):
             ["partition"],
             registry=self.metrics.registry,
         )
-        self.workers: dict[int, PgWorker] = {}
-        self._retry_at: dict[int, float] = {}  # p's worker is NEW: take p over then
-        self._backoff: dict[int, float] = {}
+        self.tasks: dict[int, PostgresTask] = {}
+        self._retry_at: dict[int, float] = {}  # p's task is NEW: take p over then
+        self._failures: dict[int, int] = {}  # database failures of p in a row
+        self._backoff = Backoff(FIRST_BACKOFF_S, 2, settings.postgres_retry_backoff_max_ms / 1000)
         self._timeout_s = settings.request_timeout_ms / 1000
         self.pool: psycopg_pool.ConnectionPool | None = None
-        self.ctx: WorkerContext | None = None
+        self._ctx: PostgresTaskContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
+
+    @property
+    def ctx(self) -> PostgresTaskContext:
+        """What every task of this runner shares; open() makes it."""
+        if self._ctx is None:
+            raise RuntimeError("the runner is not open: open() makes the tasks' context")
+        return self._ctx
+
+    @ctx.setter
+    def ctx(self, ctx: PostgresTaskContext) -> None:
+        self._ctx = ctx
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -112,7 +156,7 @@ class PgRunner(PollLoop):
             open=False,
         )
         self.pool.open(wait=False)
-        self.ctx = WorkerContext(
+        self._ctx = PostgresTaskContext(
             self.app,
             s,
             self.app_id,
@@ -135,10 +179,10 @@ class PgRunner(PollLoop):
         )
 
     def _shutdown(self) -> None:
-        for p in list(self.workers):
+        for p in list(self.tasks):
             self._close_partition(p, commit=True)
         if self.consumer is not None:
-            self.consumer.close()
+            self.input.close()
         self._threads.shutdown()
         if self.pool is not None:
             self.pool.close(timeout=self._timeout_s)
@@ -146,7 +190,7 @@ class PgRunner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        busy = any(worker.phase in TAKING_OVER for worker in self.workers.values())
+        busy = any(task.phase in TAKING_OVER for task in self.tasks.values())
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         self._dispatch(messages)
         self._commit_due()
@@ -157,10 +201,10 @@ class PgRunner(PollLoop):
 
     def _dispatch(self, messages: list[Message]) -> None:
         for p, batch in self._by_partition(messages).items():
-            worker = self.workers.get(p)
-            if worker is not None and worker.phase is Phase.RUNNING:
+            task = self.tasks.get(p)
+            if task is not None and task.phase is Phase.RUNNING:
                 try:
-                    worker.process(batch)
+                    task.process(batch)
                 except PoisonRecordStop as e:
                     self._poisoned(p, e)
 
@@ -173,13 +217,13 @@ class PgRunner(PollLoop):
                 self._failed(p, error)
 
     def _try_commit(self, p: int) -> Exception | None:
-        worker = self.workers[p]
+        task = self.tasks[p]
         try:
-            worker.commit()
+            commit_batch(task)
         except (Fenced, WriteFailed) as e:
             return e
-        self._backoff.pop(p, None)
-        self._commit_group_offset(p, worker.committed_offset)
+        self._failures.pop(p, None)
+        self._commit_group_offset(p, task.committed_offset)
         return None
 
     def _commit_group_offset(self, p: int, offset: int | None) -> None:
@@ -187,12 +231,12 @@ class PgRunner(PollLoop):
         if offset is None:
             return
         try:
-            self.consumer.commit(offsets=[TopicPartition(self.input_topic, p, offset)], asynchronous=True)
+            self.input.commit(offsets=[TopicPartition(self.input_topic, p, offset)], asynchronous=True)
         except KafkaException as e:
             log.debug("p%d: group offset not committed (monitoring only): %s", p, e)
 
     def _failed(self, p: int, error: Exception) -> None:
-        """Nothing of the batch stayed. Throw the worker away; take p over again later (fence, restore, seek)."""
+        """Nothing of the batch stayed. Throw the task away; take p over again later (fence, restore, seek)."""
         if isinstance(error, Fenced):
             self.metrics.fenced.inc()
             delay = REFENCE_AFTER_S
@@ -204,20 +248,18 @@ class PgRunner(PollLoop):
             delay = self._next_backoff(p)
             what = (
                 "take-over (fence + restore) failed"
-                if self.workers[p].epoch is None
+                if self.tasks[p].epoch is None
                 else "PostgreSQL write failed, batch rolled back"
             )
             log.warning("p%d: %s: %s; retrying in %.1fs", p, what, error, delay)
         self._make_pending(p, delay)
 
     def _next_backoff(self, p: int) -> float:
-        delay = self._backoff.get(p, FIRST_BACKOFF_S / 2) * 2
-        delay = min(delay, self.settings.postgres_retry_backoff_max_ms / 1000)
-        self._backoff[p] = delay
-        return delay
+        self._failures[p] = self._failures.get(p, 0) + 1
+        return self._backoff.delay(self._failures[p])
 
     def _make_pending(self, p: int, delay: float) -> None:
-        self.workers[p] = PgWorker(self.ctx, p)  # NEW; in-memory state and pending rows of the failed one: gone
+        self.tasks[p] = PostgresTask(self.ctx, p)  # NEW; in-memory state and pending rows of the failed one: gone
         self._retry_at[p] = time.monotonic() + delay
         self._pause(p)
 
@@ -225,14 +267,14 @@ class PgRunner(PollLoop):
         if (failure := self._try_commit(p)) is not None:  # what came before the poison record is good: keep it
             self._failed(p, failure)
             return
-        self._stop_partition(self.workers[p], error)
+        self._stop_partition(self.tasks[p], error)
 
     def _retry_pending(self) -> None:
         now = time.monotonic()
         due = [p for p, at in self._retry_at.items() if at <= now]
         if not due:
             return
-        assigned = {tp.partition for tp in self.consumer.assignment() if tp.topic == self.input_topic}
+        assigned = {tp.partition for tp in self.input.assignment() if tp.topic == self.input_topic}
         for p in due:
             del self._retry_at[p]
             if p not in assigned:
@@ -242,53 +284,45 @@ class PgRunner(PollLoop):
             if isinstance(result, Exception):
                 self._failed(p, result)
             else:
-                log.info("p%d: taken over again at offset %s (epoch %s); restoring", p, result, self.workers[p].epoch)
+                log.info("p%d: taken over again at offset %s (epoch %s); restoring", p, result, self.tasks[p].epoch)
         self._retry_seeks()
 
     def _advance_restores(self) -> None:
         """Steps every restore, about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership)."""
-        restoring = [worker for worker in self.workers.values() if worker.phase is Phase.RESTORING]
+        restoring = [task for task in self.tasks.values() if task.phase is Phase.RESTORING]
         budget_s = self.settings.restore_step_ms / 1000 / max(1, len(restoring))
-        for worker in restoring:
+        for task in restoring:
             try:
-                if worker.restore_step(budget_s):
-                    log.info(
-                        "p%d restored: %d keys in %.2fs", worker.partition, worker.restored_keys, worker.restore_seconds
-                    )
+                if task.restore_step(budget_s):
+                    log.info("p%d restored: %d keys in %.2fs", task.partition, task.restored_keys, task.restore_seconds)
             except (Fenced, WriteFailed) as e:
-                self._failed(worker.partition, e)
+                self._failed(task.partition, e)
 
     def _retry_seeks(self) -> None:
         """Restored (REWINDING): seek to the fenced offset, then resume. The position never comes from the fetcher
         (docs/guarantees.md: rewind-after-abort): records of p fetched while p restored were dropped by _dispatch."""
-        for p, worker in list(self.workers.items()):
-            if worker.phase is not Phase.REWINDING:
+        for p, task in list(self.tasks.items()):
+            if task.phase is not Phase.REWINDING:
                 continue
-            offset = OFFSET_BEGINNING if worker.committed_offset is None else worker.committed_offset
-            try:
-                self.consumer.seek(TopicPartition(self.input_topic, p, offset))
-            except KafkaException as e:
-                log.info("p%d: seek to %s not possible yet (%s); retrying", p, offset, e)
-                continue
-            worker.positioned()
-            self.consumer.resume([TopicPartition(self.input_topic, p)])
-            log.info("p%d: reading from offset %s (epoch %s)", p, offset, worker.epoch)
+            if task.try_seek_back(self.input):
+                self.input.resume([TopicPartition(self.input_topic, p)])
+                log.info("p%d: reading from offset %s (epoch %s)", p, task.committed_offset, task.epoch)
 
     # -- assignment --------------------------------------------------------------------------------------------------
     def _take_over_all(self, partitions: list[int]) -> list[int | Exception | None]:
         """Fences each partition and reads its offset (in parallel, each on its own connection): the offset, or the
         error. The state follows between polls (_advance_restores)."""
-        workers = [PgWorker(self.ctx, p) for p in partitions]
-        for worker in workers:
-            self.workers[worker.partition] = worker
+        tasks = [PostgresTask(self.ctx, p) for p in partitions]
+        for task in tasks:
+            self.tasks[task.partition] = task
 
-        def take_over(worker: PgWorker) -> int | Exception | None:
+        def take_over(task: PostgresTask) -> int | Exception | None:
             try:
-                return worker.fence()
+                return task.fence()
             except WriteFailed as e:
                 return e
 
-        return list(self._threads.map(take_over, workers))
+        return list(self._threads.map(take_over, tasks))
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         ps = [tp.partition for tp in partitions]
@@ -301,36 +335,38 @@ class PgRunner(PollLoop):
             else:
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
         consumer.incremental_assign(assignment)
-        taken = [p for p in ps if self.workers[p].phase is Phase.RESTORING]
+        taken = [p for p in ps if self.tasks[p].phase is Phase.RESTORING]
         for p in taken:
             self._pause(p)  # until restored (a pause survives unassign/assign: resumed after the seek)
         for p, error in failed:
             self._failed(p, error)
-        self.metrics.assigned.set(len(self.workers))
+        self.metrics.assigned.set(len(self.tasks))
         log.info(
             "assigned %s: offsets from the database %s, epochs %s; restoring their state",
             ps,
-            {p: self.workers[p].committed_offset for p in taken},
-            {p: self.workers[p].epoch for p in taken},
+            {p: self.tasks[p].committed_offset for p in taken},
+            {p: self.tasks[p].epoch for p in taken},
         )
 
-    def _owned_partitions(self) -> dict[int, PgWorker]:
-        return self.workers
+    def _owned_partitions(self) -> dict[int, PostgresTask]:
+        return self.tasks
 
     def _close_partition(self, p: int, commit: bool) -> None:
-        worker = self.workers.get(p)
-        if worker is not None and commit and worker.phase is Phase.RUNNING:
+        task = self.tasks.get(p)
+        if task is not None and commit and task.phase is Phase.RUNNING:
             try:
-                worker.commit()
+                commit_batch(task)
             except (Fenced, WriteFailed) as e:
-                log.warning("p%d: not committed on close (%d records left to the next owner): %s", p, worker.pending, e)
+                log.warning(
+                    "p%d: not committed on close (%d records left to the next owner): %s", p, task.batch_records, e
+                )
         self._forget(p)
 
     def _forget(self, p: int) -> None:
-        if self.workers.pop(p, None) is not None:
+        if self.tasks.pop(p, None) is not None:
             self.metrics.forget_partition(p)
         self._retry_at.pop(p, None)
-        self._backoff.pop(p, None)
+        self._failures.pop(p, None)
 
     def _pause(self, p: int) -> None:
         try:

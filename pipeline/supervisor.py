@@ -1,11 +1,15 @@
 """`pipeline run --workers N`: N supervised member processes of the consumer group on one host.
 
 One Python process runs on one core (the GIL); a machine with more cores runs more members of the same group. The
-supervisor (the process `pipeline run` started) starts N workers, each an ordinary `pipeline run` of its own with
-    PIPELINE_WORKER_SLOT=<0..N-1>       a stable slot: a restarted worker gets the slot (and so the identities) back
-    PIPELINE_GROUP_INSTANCE_ID=<id>-w<slot>   if GROUP_INSTANCE_ID is set: static members need distinct ids
-    PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>
-    PIPELINE_METRICS_PORT=0             the supervisor serves the one endpoint (/metrics of all, /ready, /live)
+supervisor (the process `pipeline run` started) starts N workers, `python -m pipeline.worker`, and hands each,
+on its standard input, what the command line parsed once (`WorkerSpec`): the App's MODULE:ATTR, the settings, the
+log level, its slot. Each worker runs the service as a single process does (pipeline/service.py), with
+    its slot (0..N-1)                   stable: a restarted worker gets the slot (and so the identities) back; also
+                                        PIPELINE_WORKER_SLOT in its environment
+    GROUP_INSTANCE_ID=<id>-w<slot>      if GROUP_INSTANCE_ID is set: static members need distinct ids
+    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics of all, /ready, /live)
+    PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
+The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
 A worker that exits is started again in its slot after a back-off (1 s, doubling up to 30 s while it keeps failing
 within a minute of its start); exit code 2 (configuration or usage error) stops everything instead: a restart would
 fail the same way. SIGTERM or SIGINT to the supervisor: each worker gets SIGTERM and stops as a single process does
@@ -16,18 +20,16 @@ order) and die with SIGTERM if the supervisor itself is killed (Linux: PR_SET_PD
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import ctypes
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +37,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
 from pipeline.metrics import HealthServer
+from pipeline.retry import Backoff
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,14 +57,24 @@ CLEAN_STOP_CODES = (0, -signal.SIGTERM, -signal.SIGINT)
 @dataclass(frozen=True)
 class WorkerSettings(Settings):
     """Declares PIPELINE_WORKER_SLOT, so that the settings loader (which refuses unknown PIPELINE_* names) accepts it
-    in a worker's environment; this module is imported first there (`python -m pipeline.workers`)."""
+    in a worker's environment; the worker's entry point imports this module first (pipeline/worker.py)."""
 
     worker_slot: int = -1  # -1: not a worker of `pipeline run --workers N`
 
 
-def restart_delay(quick_failures: int, first_s: float = BACKOFF_FIRST_S, max_s: float = BACKOFF_MAX_S) -> float:
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker is told on its standard input: what the command line parsed, once."""
+
+    app: str  # MODULE:ATTR, imported by the worker
+    settings: Settings  # the worker's own (worker_settings)
+    log_level: str
+    slot: int
+
+
+def restart_delay(quick_failures: int, first_s: float = BACKOFF_FIRST_S) -> float:
     """The wait before restarting a worker that exited `quick_failures` times in a row soon after its start."""
-    return min(max_s, first_s * 2 ** max(0, quick_failures - 1))
+    return Backoff(first_s, 2, BACKOFF_MAX_S).delay(max(1, quick_failures))
 
 
 def describe_exit(returncode: int) -> str:
@@ -73,41 +86,25 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def worker_env(base: Mapping[str, str], slot: int, metrics_dir: str, group_instance_id: str) -> dict[str, str]:
-    """The environment of the worker in `slot`: its slot, its own static-member id, the shared metrics directory."""
+def worker_settings(settings: Settings, slot: int) -> Settings:
+    """The settings of the worker in `slot`: its own static-member id (static members need distinct ids), and no
+    metrics port (the supervisor serves the one endpoint)."""
+    group_instance_id = f"{settings.group_instance_id}-w{slot}" if settings.group_instance_id else ""
+    return settings.with_overrides(group_instance_id=group_instance_id, metrics_port=0)
+
+
+def worker_env(base: Mapping[str, str], slot: int, metrics_dir: str) -> dict[str, str]:
+    """The environment of the worker in `slot`: its slot, and the metrics directory all workers share."""
     env = {k: v for k, v in base.items() if k.lower() != MULTIPROC_DIR_ENV.lower()}
     env[WORKER_SLOT_ENV] = str(slot)
     env[MULTIPROC_DIR_ENV] = metrics_dir
-    env["PIPELINE_METRICS_PORT"] = "0"  # the environment beats the config file: no worker binds the supervisor's port
-    if group_instance_id:
-        env["PIPELINE_GROUP_INSTANCE_ID"] = f"{group_instance_id}-w{slot}"
     return env
 
 
-def worker_command(args: argparse.Namespace, supervisor_pid: int) -> list[str]:
-    """`pipeline run` with the supervisor's options, less --workers and --metrics-port, through this module's entry
-    point (which declares the worker's settings and ties the worker's life to the supervisor's)."""
-    options = {
-        "--config": args.config,
-        "--bootstrap-servers": args.bootstrap_servers,
-        "--app-id": args.app_id,
-        "--input-topic": args.input_topic,
-        "--output-topic": args.output_topic,
-        "--sink": args.sink,
-    }
-    given = [word for option, value in options.items() if value is not None for word in (option, str(value))]
-    return [
-        sys.executable,
-        "-m",
-        "pipeline.workers",
-        "--supervisor",
-        str(supervisor_pid),
-        "--log-level",
-        args.log_level,
-        "run",
-        args.app,
-        *given,
-    ]
+def worker_command(supervisor_pid: int) -> list[str]:
+    """The worker's entry point (pipeline/worker.py), which ties the worker's life to the supervisor's and reads its
+    WorkerSpec from standard input."""
+    return [sys.executable, "-m", "pipeline.worker", "--supervisor", str(supervisor_pid)]
 
 
 class Process(Protocol):
@@ -120,9 +117,14 @@ class Process(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
-def _spawn(command: list[str], env: dict[str, str]) -> Process:
+def _spawn(command: list[str], env: dict[str, str], payload: bytes) -> Process:
     # process_group=0: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the supervisor only.
-    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+    process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, process_group=0)
+    assert process.stdin is not None  # stdin=PIPE
+    with contextlib.suppress(BrokenPipeError):  # exited at once: the watch sees its exit code
+        process.stdin.write(payload)
+        process.stdin.close()
+    return process
 
 
 @dataclass
@@ -143,7 +145,8 @@ class Supervisor:
         command: list[str],
         env_of: Callable[[int], dict[str, str]],
         *,
-        spawn: Callable[[list[str], dict[str, str]], Process] = _spawn,
+        payload_of: Callable[[int], bytes] = lambda slot: b"",
+        spawn: Callable[[list[str], dict[str, str], bytes], Process] = _spawn,
         clock: Callable[[], float] = time.monotonic,
         on_exit: Callable[[Slot, int], None] | None = None,
         on_restart: Callable[[Slot], None] | None = None,
@@ -152,6 +155,7 @@ class Supervisor:
         self.slots = [Slot(i) for i in range(count)]
         self._command = command
         self._env_of = env_of
+        self._payload_of = payload_of
         self._spawn = spawn
         self._clock = clock
         self._on_exit = on_exit or (lambda slot, pid: None)
@@ -199,12 +203,13 @@ class Supervisor:
 
     def _start(self, slot: Slot) -> None:
         slot.restart_at = None
-        slot.process = self._spawn(self._command, self._env_of(slot.index))
+        slot.process = self._spawn(self._command, self._env_of(slot.index), self._payload_of(slot.index))
         slot.started_at = self._clock()
         log.info("worker %d started: pid %d", slot.index, slot.process.pid)
 
     def _exited(self, slot: Slot, code: int, now: float) -> bool:
         """Logs the exit and plans the restart; True: give up (stop everything)."""
+        assert slot.process is not None  # check() passes the slots whose process exited
         pid, uptime = slot.process.pid, now - slot.started_at
         slot.process = None
         self._on_exit(slot, pid)
@@ -276,8 +281,9 @@ class WorkerMetrics:
         self.restarts.labels(str(slot.index)).inc()
 
 
-def supervise(args: argparse.Namespace, settings: Settings, stop_requested: threading.Event) -> int:
-    """Runs `args.workers` workers until SIGTERM/SIGINT; 0 when all stopped cleanly."""
+def supervise(app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event) -> int:
+    """Runs `workers` workers of the App at `app` (MODULE:ATTR) with these settings until SIGTERM/SIGINT; 0 when all
+    stopped cleanly."""
     kill_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -292,9 +298,10 @@ def supervise(args: argparse.Namespace, settings: Settings, stop_requested: thre
     with tempfile.TemporaryDirectory(prefix="pipeline-metrics-") as metrics_dir:
         metrics = WorkerMetrics(metrics_dir)
         supervisor = Supervisor(
-            args.workers,
-            worker_command(args, os.getpid()),
-            lambda slot: worker_env(os.environ, slot, metrics_dir, settings.group_instance_id),
+            workers,
+            worker_command(os.getpid()),
+            lambda slot: worker_env(os.environ, slot, metrics_dir),
+            payload_of=lambda slot: pickle.dumps(WorkerSpec(app, worker_settings(settings, slot), log_level, slot)),
             on_exit=metrics.forget,
             on_restart=metrics.restarted,
         )
@@ -304,7 +311,7 @@ def supervise(args: argparse.Namespace, settings: Settings, stop_requested: thre
 
         port = settings.metrics_port
         health = HealthServer(metrics, is_ready, port).start() if port else None
-        log.info("%d workers of %s (one process each; metrics on port %s)", args.workers, args.app, port or "none")
+        log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:
             supervisor.start()
@@ -319,7 +326,7 @@ def supervise(args: argparse.Namespace, settings: Settings, stop_requested: thre
     if supervisor.unclean:
         log.error("stopped, not cleanly: %s", "; ".join(supervisor.unclean))
         return 1
-    log.info("all %d workers stopped", args.workers)
+    log.info("all %d workers stopped", workers)
     return 0
 
 
@@ -348,37 +355,3 @@ def _wait_stopped(supervisor: Supervisor, kill_requested: threading.Event) -> No
 
 def _pids(slots: Iterable[Slot]) -> set[int]:
     return {slot.process.pid for slot in slots if slot.process is not None}
-
-
-def _die_with_supervisor(supervisor_pid: int) -> None:
-    """SIGTERM to this worker when the supervisor dies, however it dies (Linux); a worker whose supervisor is already
-    gone exits at once."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != supervisor_pid:
-        sys.exit(0)
-
-
-def worker_main(argv: list[str]) -> int:
-    """`python -m pipeline.workers --supervisor PID <pipeline arguments>`: a worker's entry point."""
-    if len(argv) < 2 or argv[0] != "--supervisor":
-        print(
-            "usage: python -m pipeline.workers --supervisor PID <pipeline arguments> (started by pipeline run "
-            "--workers N)",
-            file=sys.stderr,
-        )
-        return CONFIG_ERROR_EXIT
-    _die_with_supervisor(int(argv[1]))
-    from pipeline.cli import main
-
-    # Gauge.remove (a partition's gauges when it leaves) is not implemented in multiprocess mode: the value stays in
-    # this worker's file until it exits, and the partition's next owner's value, more recent, is the one shown.
-    warnings.filterwarnings("ignore", message="Removal of labels has not been implemented")
-    return main(argv[2:])
-
-
-if __name__ == "__main__":
-    from pipeline import workers
-
-    sys.exit(workers.worker_main(sys.argv[1:]))

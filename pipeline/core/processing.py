@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from confluent_kafka import Message
 from prometheus_client import Counter
 
 from pipeline.app import App, Record, Reject
-from pipeline.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter
+from pipeline.kafka.records import Consumed
+from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 
@@ -32,7 +33,7 @@ class PoisonRecordStop(Exception):
     """A record kept failing and on_poison=stop."""
 
 
-def record_from_message(app: App, msg: Message) -> Record:
+def record_from_message(app: App, msg: Consumed) -> Record:
     """A consumed message as the Record `process` receives (decoding may raise: the record is then poison)."""
     return app.decode(
         msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.headers()
@@ -65,29 +66,41 @@ class Attempts:
         )
 
     def retry(
-        self, state: PartitionState, msg: Message, error: Exception, try_once: Callable[[], Outputs]
+        self, state: PartitionState, msg: Consumed, error: Exception, try_once: Callable[[], Outputs]
     ) -> Outputs | DeadLetter:
         """Called right after the first attempt at `msg` failed with `error`, its state changes still in place.
         Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
         it was before the record. `try_once` decodes and processes the record again and returns its outputs.
         A Reject is final: the record is dead-lettered at once, with the Reject's error type."""
-        attempt = 1
-        while True:
-            state.undo_record()
-            if isinstance(error, Reject):
-                return self._reject(msg, error, attempt)
-            self.errors.inc()
-            if attempt >= self.max_attempts:
-                return self._give_up(msg, error, attempt)
-            self.sleep(self.backoff_s * 2 ** (attempt - 1))
-            attempt += 1
-            state.begin_record()
-            try:
-                return try_once()
-            except Exception as again:  # from decoding or from user code: still poison
-                error = again
+        made = 0  # attempts made so far
 
-    def _reject(self, msg: Message, reject: Reject, attempts: int) -> DeadLetter:
+        def failed(error: Exception, failures: int, delay: float | None) -> None:
+            nonlocal made
+            made = failures
+            state.undo_record()
+            if not isinstance(error, Reject):
+                self.errors.inc()
+
+        def attempt() -> Outputs:
+            state.begin_record()
+            return try_once()
+
+        try:
+            return retry(
+                attempt,
+                retriable=lambda e: not isinstance(e, Reject),
+                backoff=Backoff(self.backoff_s),
+                attempts=self.max_attempts,
+                first_error=error,
+                on_failure=failed,
+                sleep=self.sleep,
+            )
+        except Reject as reject:
+            return self._reject(msg, reject, made)
+        except Exception as last:  # user code or decoding, every attempt: poison
+            return self._give_up(msg, last, made)
+
+    def _reject(self, msg: Consumed, reject: Reject, attempts: int) -> DeadLetter:
         self.dead_letters.inc()
         return DeadLetter(
             msg.topic(),
@@ -101,7 +114,7 @@ class Attempts:
             rejected=True,
         )
 
-    def _give_up(self, msg: Message, error: Exception, attempts: int) -> DeadLetter:
+    def _give_up(self, msg: Consumed, error: Exception, attempts: int) -> DeadLetter:
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
         if self.stop_on_poison:
             raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error

@@ -1,14 +1,14 @@
 """Firing due timers into the open transaction of one input partition (docs/guarantees.md: timers-exactly-once).
 
-The state side (where timers live, which one is due next) is pipeline/state/timers.py. Here each due timer becomes
+The state side (where timers live, which one is due next) is pipeline/state/timed.py. Here each due timer becomes
 one unit of work, like a record: its entry is removed and `on_timer` runs, and both are undone together if it
-raises; its outputs carry the eos.timer header (pipeline/provenance.py) instead of eos.source. A TTL expiry is the
+raises; its outputs carry the eos.timer header (pipeline/core/provenance.py) instead of eos.source. A TTL expiry is the
 same unit without a callback: the key and its deadline deleted (tombstones in the changelog).
 
 When they fire:
 - stream time: before the record that moves stream time to or past their due time (and before any record while one
   is due: a timer scheduled in the past fires before the next record). Position = that record's offset;
-- wall clock: on the poll loop's turn (`PartitionTask.tick`), even when no record arrives. Position = the next offset
+- wall clock: on the poll loop's turn (`KafkaTask.tick`), even when no record arrives. Position = the next offset
   to process.
 At most `budget` timers fire per call: a burst of due timers is spread over loop turns, so the poll loop keeps
 polling (and the partition its membership). A failing `on_timer` is retried like a record; when it keeps failing the
@@ -23,18 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Message
 from prometheus_client import Counter
 
-from pipeline.app import App, Output
-from pipeline.processing import PoisonRecordStop
-from pipeline.provenance import TIMER_HEADER, encode_timer
+from pipeline.app import App, Output, Timer
+from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.provenance import TIMER_HEADER, encode_timer
+from pipeline.kafka.records import Consumed
+from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
-from pipeline.state.timers import Due, TimedState
+from pipeline.state.timed import Due, TimedState
 
 log = logging.getLogger(__name__)
 # The task's produce: (topic, key bytes, value bytes, partition or -1, headers) into the open transaction.
-Produce = Callable[[str, Any, Any, int, list], None]
+Produce = Callable[[str, Any, Any, int, list[tuple[str, bytes]]], None]
+# An output as the producer takes it (KafkaTask._encoder).
+Encoded = tuple[str, Any, Any, int, Any]
 
 
 @dataclass
@@ -43,7 +46,7 @@ class TimerFiring:
 
     app: App
     partition: int
-    encode: Callable[[Output], tuple]
+    encode: Callable[[Output], Encoded]
     produce: Produce
     pause_input: Callable[[bool], None]  # True: stop fetching p (records are held), False: fetch again
     errors: Counter  # failed attempts of this partition (records and timers alike)
@@ -51,7 +54,7 @@ class TimerFiring:
     backoff_s: float
     budget: int  # timers fired per call at most (TIMERS_PER_TURN)
     sleep: Callable[[float], None] = time.sleep
-    held: list[Message] = field(default_factory=list)
+    held: list[Consumed] = field(default_factory=list)
     _paused: bool = False
 
     @classmethod
@@ -60,7 +63,7 @@ class TimerFiring:
         app: App,
         settings: Settings,
         partition: int,
-        encode: Callable[[Output], tuple],
+        encode: Callable[[Output], Encoded],
         produce: Produce,
         pause_input: Callable[[bool], None],
         errors: Counter,
@@ -82,9 +85,10 @@ class TimerFiring:
         them. False: some are still due, so the record must wait (`hold`) for the next turn."""
         if timestamp_ms >= 0:
             state.advance_stream_time(timestamp_ms)
-        if not state.due("stream", state.stream_time_ms):
+        now_ms = state.stream_time_ms
+        if now_ms is None or not state.due("stream", now_ms):
             return True
-        return self.fire(state, "stream", state.stream_time_ms, offset)
+        return self.fire(state, "stream", now_ms, offset)
 
     def fire(self, state: TimedState, clock: str, now_ms: int, position: int) -> bool:
         """Fires up to `budget` timers due at now_ms on `clock`, each tagged with `position`; True when none is
@@ -97,14 +101,14 @@ class TimerFiring:
         return not state.has_due(clock, now_ms)
 
     # -- records held behind a burst of due timers -------------------------------------------------------------------
-    def hold(self, messages: list[Message]) -> None:
+    def hold(self, messages: list[Consumed]) -> None:
         """These records (the first one's timers not all fired yet) wait, and p is not fetched meanwhile."""
         self.held = messages
         if not self._paused:
             self._paused = True
             self.pause_input(True)
 
-    def take_held(self) -> list[Message]:
+    def take_held(self) -> list[Consumed]:
         held, self.held = self.held, []
         return held
 
@@ -116,23 +120,39 @@ class TimerFiring:
             self.pause_input(False)
 
     def _fire_one(self, state: TimedState, due: Due, clock: str, position: int) -> None:
-        attempt = 1
-        while True:
+        timer: Timer | None = None
+
+        on_timer = self.app.on_timer
+
+        def attempt() -> list[Encoded]:
+            nonlocal timer
             state.begin_record()
-            timer = state.remove(due)
-            try:
-                outputs = [] if timer is None else [self.encode(o) for o in self.app.on_timer(state, timer)]
-                break
-            except Exception as error:  # user code: retried, then the partition stops
-                state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone
-                self.errors.inc()
-                if attempt >= self.max_attempts:
-                    raise PoisonRecordStop(
-                        f"p{self.partition}: on_timer({timer}) failed {attempt} times: {type(error).__name__}: {error}"
-                    ) from error
-                self.sleep(self.backoff_s * 2 ** (attempt - 1))
-                attempt += 1
-        if outputs:
+            timer = state.remove(due)  # None: a TTL expiry, which has no callback
+            if timer is None:
+                return []
+            if on_timer is None:
+                raise TypeError(f"{self.app.name}: a timer is due but the App has no on_timer")
+            return [self.encode(o) for o in on_timer(state, timer)]
+
+        def failed(error: Exception, failures: int, delay: float | None) -> None:
+            state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone
+            self.errors.inc()
+
+        try:
+            outputs = retry(
+                attempt,
+                retriable=lambda e: True,
+                backoff=Backoff(self.backoff_s),
+                attempts=self.max_attempts,
+                on_failure=failed,
+                sleep=self.sleep,
+            )
+        except Exception as error:  # user code failed every time: the partition stops
+            raise PoisonRecordStop(
+                f"p{self.partition}: on_timer({timer}) failed {self.max_attempts} times: {type(error).__name__}: "
+                f"{error}"
+            ) from error
+        if outputs and timer is not None:
             header = (TIMER_HEADER, encode_timer(self.partition, position, clock, due.at_ms, timer.key))
             for topic, key, value, partition, headers in outputs:
                 self.produce(topic, key, value, partition, [*headers, header] if headers else [header])

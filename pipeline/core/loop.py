@@ -11,10 +11,12 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from pipeline.lifecycle import Lifecycle, Phase
+from pipeline.core.lifecycle import Lifecycle, Phase
+from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings
 
@@ -56,7 +58,7 @@ class PollLoop:
             )
         port = self.settings.metrics_port
         health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
-        self.consumer.subscribe(
+        self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         try:
@@ -66,6 +68,13 @@ class PollLoop:
             self._shutdown()
             if health:
                 health.stop()
+
+    @property
+    def input(self) -> Consumer:
+        """The input consumer, which open() creates."""
+        if self.consumer is None:
+            raise RuntimeError("the runner is not open: open() creates the input consumer")
+        return self.consumer
 
     def stop(self) -> None:
         self._stop.set()
@@ -90,7 +99,7 @@ class PollLoop:
         for p, owned in self._owned_partitions().items():
             if owned.phase is Phase.RUNNING and owned.next_offset is not None:
                 # Cached from fetch responses: no request to the broker.
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                _, high = self.input.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
                 if high >= 0:
                     self.metrics.lag.labels(str(p)).set(max(0, high - owned.next_offset))
 
@@ -103,11 +112,11 @@ class PollLoop:
         due = self._next_commit_deadline()
         if due is not None:
             wait = min(wait, max(0.0, due - time.monotonic()))
-        first = self.consumer.poll(wait)
+        first = self.input.poll(wait)
         if first is None:
             return []
         rest = self.settings.poll_max_records - 1
-        return [first, *self.consumer.consume(rest, 0)] if rest else [first]
+        return [first, *self.input.consume(rest, 0)] if rest else [first]
 
     def _next_commit_deadline(self) -> float | None:
         deadlines = [
@@ -131,19 +140,19 @@ class PollLoop:
             if owned.phase is Phase.RUNNING and owned.commit_deadline() is not None
         ]
 
-    def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
+    def _by_partition(self, messages: list[Message]) -> dict[int, list[Consumed]]:
         """Consumed records grouped by input partition, in order; a fatal consumer error ends the process."""
-        batches: dict[int, list[Message]] = defaultdict(list)
+        batches: dict[int | None, list[Message]] = defaultdict(list)
         for m in messages:
-            if m.error():
+            if (error := m.error()) is not None:
                 # _FATAL itself is not fatal(): under KIP-848 a restarted static member refused by the broker
                 # (UNRELEASED_INSTANCE_ID) arrives so, and would run on outside the group, never restarted.
-                if m.error().fatal() or m.error().code() == KafkaError._FATAL:
-                    raise FatalRunnerError(f"consumer: {m.error()}")
-                log.warning("consumer: %s", m.error())
+                if error.fatal() or error.code() == KafkaError._FATAL:
+                    raise FatalRunnerError(f"consumer: {error}")
+                log.warning("consumer: %s", error)
                 continue
             batches[m.partition()].append(m)
-        return batches
+        return cast(dict[int, list[Consumed]], batches)  # errors dropped above: records, with their coordinates
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Cooperative rebalancing often hands out nothing new. Do not ask the coordinator about "no partitions":
@@ -175,10 +184,10 @@ class PollLoop:
         """Resumes partitions just assigned (or taken over while assigned). librdkafka keeps a pause across
         unassign/assign: without this a partition paused by a drop (fenced) and then lost or taken over again stayed
         paused for good (seen in a chaos zombie run)."""
-        self.consumer.resume([TopicPartition(self.input_topic, p) for p in partitions])
+        self.input.resume([TopicPartition(self.input_topic, p) for p in partitions])
 
     def _pause(self, p: int) -> None:
-        self.consumer.pause([TopicPartition(self.input_topic, p)])
+        self.input.pause([TopicPartition(self.input_topic, p)])
 
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
         """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process

@@ -1,0 +1,120 @@
+"""What a process keeps for one input partition it owns, the same for both sinks: the partition's phase
+(pipeline/core/lifecycle.py), its state, where it stands in the input, the batch of records it is processing, and
+what happens to a record that fails (pipeline/core/processing.py). Each sink's task (KafkaTask in
+pipeline/sinks/kafka/task.py, PostgresTask in pipeline/sinks/postgres/task.py) adds how it processes a batch and
+what it writes; neither commits anything itself: its runner does.
+
+    start(committed)    the committed offset becomes the position                NEW -> RESTORING (or RUNNING)
+    restored(state)     the state is complete; the input is sought back to the committed offset before anything is
+                        processed (docs/guarantees.md: rewind-after-abort)     RESTORING -> RUNNING -> REWINDING
+    try_seek_back()     the seek to the committed offset; until it succeeds p stays REWINDING      -> RUNNING
+    batch_committed()   after the runner's commit: the state and the committed offset move forward
+    rewind()            after an abort: the state is undone to the last commit, the position goes back to it
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from pipeline.app import App
+from pipeline.core.lifecycle import Lifecycle, Phase, commit_deadline
+from pipeline.core.processing import Attempts
+from pipeline.kafka.records import Consumed
+from pipeline.metrics import Metrics
+from pipeline.settings import Settings
+from pipeline.state import PartitionState
+
+log = logging.getLogger(__name__)
+
+
+class Task(Lifecycle):
+    def __init__(
+        self, app: App, settings: Settings, metrics: Metrics, input_topic: str, partition: int, attempts: Attempts
+    ) -> None:
+        super().__init__()
+        self.app, self.settings, self.metrics = app, settings, metrics
+        self.input_topic = input_topic
+        self.partition = partition
+        self.label = str(partition)
+        self.state = PartitionState(app.state_serde)
+        self.committed_offset: int | None = None  # next input offset after the last commit (None: the beginning)
+        self.next_offset: int | None = None  # next input offset to process
+        # Seeks back so far. Records of p polled before one are from the old position: the runner never hands them
+        # over (with PRODUCERS=per_process, another partition's abort rewinds p between the poll and p's turn).
+        self.seeks = 0
+        self.batch_open = False  # records (or timers) processed since the last commit, or a transaction begun
+        self.batch_records = 0
+        self._batch_started = 0.0
+        self._batch_first_timestamp = self._batch_last_timestamp = 0  # of its input records (ms): end-to-end latency
+        self._records_in = metrics.records_in.labels(self.label)  # labels() is slow: resolved once
+        self._records_out = metrics.records_out.labels(self.label)
+        self._attempts = attempts
+
+    # -- position -------------------------------------------------------------------------------------------------
+    def start(self, committed_offset: int | None, restore: bool) -> None:
+        """The committed offset, read after the fence, becomes the position; the state is restored first if asked."""
+        self.committed_offset = self.next_offset = committed_offset
+        self._transition(Phase.RESTORING if restore else Phase.RUNNING)
+
+    def restored(self, state: PartitionState) -> None:
+        """The state is complete (docs/guarantees.md: complete-restore). The position comes from the committed offset,
+        never from the fetcher: a record of p fetched while p restored was dropped, and resuming from the fetched
+        position would skip it. So p waits for the seek back (REWINDING) before it processes anything."""
+        self.state = state
+        self._transition(Phase.RUNNING)
+        self._transition(Phase.REWINDING)
+
+    def try_seek_back(self, consumer: Consumer) -> bool:
+        """Puts the input position at the committed offset; True once done (p RUNNING), False to try again later."""
+        offset = OFFSET_BEGINNING if self.committed_offset is None else self.committed_offset
+        try:
+            consumer.seek(TopicPartition(self.input_topic, self.partition, offset))
+        except KafkaException as e:
+            log.info("p%d: seek back to %s not possible yet (%s); retrying", self.partition, offset, e)
+            return False
+        self.seeks += 1
+        self._transition(Phase.RUNNING)
+        return True
+
+    # -- the batch ------------------------------------------------------------------------------------------------
+    def open_batch(self) -> None:
+        self.batch_open = True
+        self._batch_started = time.monotonic()
+        self.batch_records = 0
+        self._batch_first_timestamp = self._batch_last_timestamp = 0
+
+    def commit_deadline(self) -> float | None:
+        s = self.settings
+        if not self.batch_open:
+            return None
+        return commit_deadline(self._batch_started, self.batch_records, s.commit_interval_ms, s.commit_max_records)
+
+    def note_batch(self, messages: list[Consumed], last: Consumed, processed: int, produced: int) -> None:
+        """After a batch of `processed` records ending with `last`: counters, and the timestamps the end-to-end
+        latency is measured from (per batch, not per record: it costs nothing on the hot path)."""
+        if processed:
+            self._batch_first_timestamp = self._batch_first_timestamp or messages[0].timestamp()[1]
+            self._batch_last_timestamp = last.timestamp()[1]
+        self._records_in.inc(processed)
+        self._records_out.inc(produced)
+
+    def batch_committed(self) -> None:
+        """The runner committed the batch: the state's changes and the position are the committed ones now."""
+        self.state.commit()
+        self.committed_offset = self.next_offset
+        self.batch_open = False
+        self.batch_records = 0
+        self.metrics.observe_end_to_end(self._batch_first_timestamp, self._batch_last_timestamp)
+        self.metrics.transactions.labels(self.label, "committed").inc()
+
+    def rewind(self) -> None:
+        """The runner aborted the batch: the state goes back to the last commit, and so does the position (the
+        seek is pending until try_seek_back succeeds)."""
+        self.batch_open = False
+        self.state.undo_transaction()
+        self.next_offset = self.committed_offset
+        self.metrics.transactions.labels(self.label, "aborted").inc()
+        self._transition(Phase.REWINDING)

@@ -1,0 +1,23 @@
+"""A consumed record as the runtime reads it. confluent_kafka types a Message's topic, partition, offset and timestamp
+as Optional, because the same class carries error events; a record the poll loop hands on (PollLoop._by_partition
+drops the errors) always has them, and `Consumed` says so once instead of at every read on the hot path."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Consumed(Protocol):
+    def topic(self) -> str: ...
+
+    def partition(self) -> int: ...
+
+    def offset(self) -> int: ...
+
+    def key(self) -> bytes | None: ...
+
+    def value(self) -> bytes | None: ...
+
+    def timestamp(self) -> tuple[int, int]: ...
+
+    def headers(self) -> list[tuple[str, bytes]] | None: ...

@@ -1,0 +1,442 @@
+"""The runner of the Kafka sink: one consumer per process, one KafkaTask per owned input partition, and the
+transactions they stage their work in. The runner builds every transaction (`_transaction_for`), commits it
+(`commit_transaction`, below) and aborts it (`abort_transaction`); tasks only process records and stage their state.
+
+Lifecycle of partition p in this process: the task's Phase (pipeline/core/lifecycle.py).
+    assigned  -> fence (init_transactions) -> read committed offset -> assign at that offset              NEW
+                 (pipeline/sinks/kafka/takeover.py)
+    restoring -> p paused; the changelog read in short steps between polls (self.restores)     NEW -> RESTORING
+    running   -> restored, sought back to the committed offset, p resumed (a stateless app starts here);
+                 records processed into transactions, committed on interval/size     RESTORING (or NEW) -> RUNNING
+    aborted   -> state undone, seek back to the committed offset               RUNNING -> REWINDING -> RUNNING
+    poison    -> on_poison=stop: what came before is committed, p paused                    RUNNING -> STOPPED
+    fenced    -> nothing committed, p paused; after REFENCE_AFTER_S a new task fences and restores p again
+                 if the group still gives it to us                                          RUNNING -> DROPPED
+    revoked   -> open transaction committed, producer flushed, state dropped                          -> CLOSED
+    lost      -> open transaction aborted (someone else owns p now), producer flushed                 -> CLOSED
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from pipeline.app import App
+from pipeline.core.deadletter import dead_letter_topic
+from pipeline.core.lifecycle import Phase
+from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
+from pipeline.core.processing import PoisonRecordStop
+from pipeline.kafka.acls import Names
+from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.settings import PER_PROCESS, Settings
+from pipeline.sinks.kafka import takeover
+from pipeline.sinks.kafka.snapshot import publish_shutdown_snapshot
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import (
+    PartitionDropped,
+    Transaction,
+    TransactionAborted,
+    process_transactional_id,
+    transactional_id,
+)
+from pipeline.state.changelog import changelog_topic
+from pipeline.state.restore import ChangelogRestore
+from pipeline.state.restore_manager import RestoreManager
+from pipeline.state.snapshot_format import snapshot_topic
+
+log = logging.getLogger(__name__)
+
+
+# -- the transaction protocol (docs/guarantees.md: one-transaction, rewind-after-abort) --------------------------------
+def commit_transaction(txn: Transaction, consumer: Consumer) -> None:
+    """Commits everything staged in `txn` since it began, atomically: every participating task's outputs (produced
+    as its records were processed), state changes and consumed offsets. The same in both producer modes: with
+    PRODUCERS=per_partition `txn` carries one task, with per_process every task that processed something since the
+    last commit. Raises TransactionAborted (then abort_transaction) or PartitionDropped (the producer is fenced or
+    broken: drop its tasks, commit nothing)."""
+    tasks = txn.participants
+    if not tasks:
+        return
+    started = time.monotonic()
+    # 1. Each task stages its state changes and a checkpoint (the input offset they cover) in its changelog
+    #    partition, and says how far it consumed (nothing, if it never had a position).
+    offsets = [offset for task in tasks if (offset := task.prepare_commit()) is not None]
+    txn.commits += 1
+    if txn.abort_hook is not None and txn.abort_hook(txn.commits):
+        raise TransactionAborted("injected abort (test hook)")
+    if txn.transactional:
+        # 2. The consumed offsets join the transaction, with the group's metadata as of now: the generation that
+        #    owns these partitions. A zombie's are refused (docs/guarantees.md: zombies-stay-out).
+        if offsets:
+            group = consumer.consumer_group_metadata()
+            txn.call(txn.producer.send_offsets_to_transaction, offsets, group, txn.timeout_s)
+        # 3. Commit: outputs, changelog and offsets become visible together, or not at all. An unknown outcome is
+        #    asked again (docs/guarantees.md: unknown-commit-retried).
+        txn.call(txn.producer.commit_transaction, txn.timeout_s)
+    else:  # at_least_once: outputs first, offsets after
+        txn.call(txn.producer.flush, txn.timeout_s)
+        if offsets:
+            consumer.commit(offsets=offsets, asynchronous=False)
+    if txn.observe_commit is not None:
+        txn.observe_commit(time.monotonic() - started)
+    # 4. Each task moves its committed offset and state forward.
+    for task in txn.end():
+        task.committed()
+
+
+def abort_transaction(txn: Transaction) -> None:
+    """Aborts what `txn` holds; every task in it goes back to its last commit: state undone, input sought back to
+    the committed offset. Raises PartitionDropped when even the abort is refused (fenced)."""
+    tasks = txn.end()
+    if tasks and txn.transactional:
+        txn.call(txn.producer.abort_transaction, txn.timeout_s)
+    for task in tasks:
+        task.rewind()
+
+
+def abort_and_rewind(task: KafkaTask) -> None:
+    """After a failure of `task`'s own: its transaction aborted (the other tasks in it rewind too), or, with
+    nothing of it open there, p alone goes back to its last commit."""
+    if task in task.txn.participants:
+        abort_transaction(task.txn)
+    else:
+        task.rewind()
+
+
+def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
+    """Ends p's ownership: its open work committed (revoked, shut down) or aborted (lost: someone else may own p
+    already), then the producer flushed. Never raises: whatever is left open is aborted by the broker's transaction
+    time-out or by the next owner's fence."""
+    if task.phase is Phase.CLOSED:
+        return
+    txn = task.txn
+    if commit and task.phase is Phase.RUNNING and task in txn.participants:
+        try:
+            commit_transaction(txn, consumer)
+        except (TransactionAborted, PartitionDropped, KafkaException) as e:
+            log.warning("p%d: could not commit on close: %s", task.partition, e)
+    if task in txn.participants and task.phase is not Phase.DROPPED:
+        # Aborted once, without retries; the other tasks in it (PRODUCERS=per_process) rewind and run on.
+        others = [t for t in txn.end() if t is not task]
+        if txn.transactional and not txn.broken:
+            try:
+                txn.producer.abort_transaction(txn.timeout_s)
+                log.info("%s: open transaction aborted (p%d closed)", txn.name, task.partition)
+            except KafkaException as e:
+                log.info("%s: open transaction not aborted here (%s): fenced or timed out", txn.name, e)
+        for other in others:
+            other.rewind()
+    with contextlib.suppress(KafkaException):  # a fenced producer refuses even to flush
+        txn.producer.flush(txn.timeout_s)
+    task.close()
+
+
+class KafkaRunner(PollLoop):
+    def __init__(self, app: App, settings: Settings, abort_hook: Callable[[int], bool] | None = None) -> None:
+        super().__init__(settings)
+        self.app = app
+        self.app_id = settings.app_id or app.name
+        self.input_topic = settings.input_topic or app.input_topic
+        self.output_topic = settings.output_topic or app.output_topic
+        self.changelog_topic = settings.changelog_topic or changelog_topic(self.app_id)
+        self.snapshot_topic = settings.snapshot_topic or snapshot_topic(self.app_id)
+        self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
+        self.tasks: dict[int, KafkaTask] = {}
+        self._dropped_at: dict[int, float] = {}
+        if abort_hook is None and settings.test_abort_every > 0:
+            every = settings.test_abort_every
+            abort_hook = lambda n: n % every == 0  # noqa: E731
+        self._abort_hook = abort_hook
+        self.admin = AdminClient(client_config(settings))
+        self.restores = RestoreManager(
+            settings,
+            self.changelog_topic,
+            self.snapshot_topic,
+            app.state_serde,
+            self._make_restore_consumer,
+            lambda: AdminClient(client_config(settings)),
+            self.admin,
+        )
+        self._ctx: KafkaTaskContext | None = None
+        self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
+        self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
+        self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
+
+    @property
+    def ctx(self) -> KafkaTaskContext:
+        """What every task of this runner shares; open() makes it."""
+        if self._ctx is None:
+            raise RuntimeError("the runner is not open: open() makes the tasks' context")
+        return self._ctx
+
+    @ctx.setter
+    def ctx(self, ctx: KafkaTaskContext) -> None:
+        self._ctx = ctx
+
+    # -- clients and transactions ------------------------------------------------------------------------------------
+    def _make_producer(self, txn_id: str | None) -> Producer:
+        return Producer(producer_config(self.settings, txn_id))
+
+    def _make_restore_consumer(self) -> Consumer:
+        return Consumer(restore_consumer_config(self.settings, f"{self.app_id}.restore"))
+
+    def _transaction_for(self, p: int) -> Transaction:
+        """The transaction p's task stages its work in: the process's (PRODUCERS=per_process), or p's own, on a
+        producer named after p."""
+        if self.settings.producers == PER_PROCESS:
+            return self._process_transaction()
+        return self._new_transaction(transactional_id(self.app_id, self.input_topic, p), f"p{p}")
+
+    def _process_transaction(self) -> Transaction:
+        """PRODUCERS=per_process: the process's producer, replaced (same transactional.id) once it is broken."""
+        if self._process_txn is None or self._process_txn.broken:
+            self._process_txn = self._new_transaction(self._process_txn_id)
+        return self._process_txn
+
+    def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
+        producer = self._make_producer(txn_id if self.settings.exactly_once else None)
+        observe = self.metrics.commit_latency.observe
+        return Transaction(producer, self.settings, name or txn_id, self._abort_hook, observe)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Checks the topics and creates the consumer; `run()` calls it."""
+        if self.consumer is not None:
+            return
+        names = Names(
+            self.app_id,
+            self.input_topic,
+            self.output_topic,
+            self.changelog_topic,
+            self.snapshot_topic,
+            self.dead_letter_topic,
+        )
+        takeover.prepare_topics(self.admin, names, self.settings, self.app.stateful)
+        self.consumer = Consumer(consumer_config(self.settings, self.app_id))
+        self._ctx = KafkaTaskContext(
+            self.app,
+            self.settings,
+            self.app_id,
+            self.input_topic,
+            self.output_topic,
+            self.changelog_topic,
+            self.dead_letter_topic,
+            self.input,
+            self.metrics,
+        )
+        if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
+            takeover.fence([self._process_transaction()], self.settings)
+
+    def run(self) -> None:
+        s = self.settings
+        log.info(
+            "%s: %s from %s to %s (%s, producers %s); kafka settings %s",
+            self.app_id,
+            self.app.name,
+            self.input_topic,
+            self.output_topic,
+            s.processing_guarantee,
+            s.producers,
+            s.redacted_kafka(),
+        )
+        super().run()
+
+    def _shutdown(self) -> None:
+        for p in list(self.tasks):
+            if self.settings.snapshot_on_shutdown:
+                self._commit(self.tasks[p].txn)  # what is open first; then the state as it is committed
+                publish_shutdown_snapshot(self.tasks[p], self.snapshot_topic)
+            self._close_partition(p, commit=True)
+        if self.consumer is not None:
+            # Leaves the group (a static member does not: its partitions wait for it until the session times out).
+            self.input.close()
+        self._commit_pool.shutdown()
+        log.info("%s: stopped", self.app_id)
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
+    def _loop_once(self) -> None:
+        rewinding = any(t.phase is Phase.REWINDING or t.holding for t in self.tasks.values())
+        busy = self.restores.busy or rewinding
+        messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
+        self._dispatch(messages)
+        self._tick_timers()
+        self._commit_due()
+        self._advance_restores()
+        self._retry_rewinds_and_drops()
+        self._update_gauges()
+
+    def _dispatch(self, messages: list[Message]) -> None:
+        batches = self._by_partition(messages)
+        polled_at = {p: task.seeks for p in batches if (task := self.tasks.get(p)) is not None}
+        for p, batch in batches.items():
+            task = self.tasks.get(p)
+            # Not after a seek back since the poll (docs/guarantees.md: rewind-after-abort): with one transaction
+            # for the process, an abort while an earlier partition's batch ran rewinds this one too, and its batch
+            # continues from the old position: handing it over would skip the records in between.
+            if task is not None and task.phase is Phase.RUNNING and task.seeks == polled_at[p]:
+                self._guarded(task, task.process, batch)
+
+    def _tick_timers(self) -> None:
+        """Wall-clock timers fire even when no record arrives, and a burst of due stream timers goes on, both bounded
+        per turn (docs/guarantees.md: timers-exactly-once)."""
+        if not self.app.timed or self._ctx is None:
+            return
+        now_ms = self.ctx.wall_clock()
+        for task in list(self.tasks.values()):
+            if task.phase is Phase.RUNNING:
+                self._guarded(task, task.tick, now_ms)
+
+    def _commit_due(self) -> None:
+        """Every open transaction once one is due: the process's one, or one per partition, committed in parallel
+        (commits wait on the network and release the GIL)."""
+        due = [self.tasks[p].txn for p in self._to_commit(time.monotonic())]
+        txns = list({id(txn): txn for txn in due if txn.open}.values())
+        if len(txns) == 1:
+            self._commit(txns[0])
+        elif txns:
+            list(self._commit_pool.map(self._commit, txns))
+
+    def _commit(self, txn: Transaction) -> None:
+        """commit_transaction, and what its failure means for the tasks in it."""
+        tasks = list(txn.participants)
+        try:
+            commit_transaction(txn, self.input)
+        except TransactionAborted as e:
+            log.warning("%s: transaction aborted (%s); rewinding %s", txn.name, e, [t.partition for t in tasks])
+            self._abort(txn)
+        except PartitionDropped as e:
+            self._drop(txn, str(e))
+
+    def _abort(self, txn: Transaction) -> None:
+        try:
+            abort_transaction(txn)
+        except (TransactionAborted, PartitionDropped) as again:
+            self._drop(txn, str(again))
+
+    def _guarded(self, task: KafkaTask, step: Callable[..., None], *args: Any) -> None:
+        """Runs one step of a task and turns its failures into the task's transitions (docs/guarantees.md:
+        rewind-after-abort, unknown-commit-retried, no-silent-skip)."""
+        try:
+            step(*args)
+        except TransactionAborted as e:
+            log.warning(
+                "p%d: transaction aborted (%s); rewinding to offset %s", task.partition, e, task.committed_offset
+            )
+            try:
+                abort_and_rewind(task)
+            except (TransactionAborted, PartitionDropped) as again:
+                self._drop(task.txn, str(again))
+        except PartitionDropped as e:
+            self._drop(task.txn, str(e))
+        except PoisonRecordStop as e:
+            self._commit(task.txn)  # what came before the poison record is good: keep it
+            if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
+                self._stop_partition(task, e)
+
+    def _drop(self, txn: Transaction, reason: str) -> None:
+        """Drops every task whose work went through `txn`'s producer, which can never commit again (one task; or,
+        PRODUCERS=per_process, all the running ones); each is taken over again after REFENCE_AFTER_S, with a new
+        producer."""
+        for task in [t for t in self.tasks.values() if t.txn is txn and t.phase in (Phase.RUNNING, Phase.REWINDING)]:
+            log.warning("p%d: dropped without committing: %s", task.partition, reason)
+            task.drop(reason)
+            self.metrics.fenced.inc()
+            self._pause(task.partition)
+            self._dropped_at[task.partition] = time.monotonic()
+
+    def _retry_rewinds_and_drops(self) -> None:
+        for task in list(self.tasks.values()):
+            if task.phase is Phase.REWINDING:
+                task.try_seek_back(self.input)
+        now = time.monotonic()
+        for p, dropped_at in list(self._dropped_at.items()):
+            if now - dropped_at < REFENCE_AFTER_S:
+                continue
+            del self._dropped_at[p]
+            if p in self.tasks and self.tasks[p].phase is Phase.DROPPED:
+                # Still ours per the group: a new producer fences whatever is left and the state is restored.
+                log.info("p%d: still assigned after being dropped; taking it over again", p)
+                self.tasks.pop(p)
+                self._take_over([p], reassign=True)
+
+    # -- assignment, restore, revocation ---------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._take_over([tp.partition for tp in partitions], reassign=False)
+
+    def _take_over(self, partitions: list[int], reassign: bool) -> None:
+        """Fence, then the committed offsets, then the position, then the restore (docs/guarantees.md: fence-first);
+        `reassign`: p is still assigned (and paused) since it was dropped, so only its position moves."""
+        if self._process_txn is not None and self._process_txn.open:
+            # The committed offsets below may wait for a previous owner's transaction (PRODUCERS=per_process), up to
+            # TRANSACTION_TIMEOUT_MS: long enough for the broker to abort ours, open meanwhile. Commit it first.
+            self._commit(self._process_txn)
+        tasks = [KafkaTask(self.ctx, p, self._transaction_for(p)) for p in partitions]
+        self._fence(tasks)
+        committed = self._committed_offsets(partitions)
+        if reassign:
+            for p in partitions:
+                self.input.seek(
+                    TopicPartition(self.input_topic, p, OFFSET_BEGINNING if (o := committed[p]) is None else o)
+                )
+        else:
+            self.input.incremental_assign(
+                [
+                    TopicPartition(self.input_topic, p, OFFSET_INVALID if (o := committed[p]) is None else o)
+                    for p in partitions
+                ]
+            )
+        self._resume_assigned(partitions)
+        for task in tasks:
+            self.tasks[task.partition] = task
+            task.start(committed[task.partition])
+            if task.phase is Phase.RESTORING:
+                self._pause(task.partition)
+                self.restores.start(task.partition, task.committed_offset)
+        self.metrics.assigned.set(len(self.tasks))
+        log.info("assigned %s (committed offsets %s)", partitions, committed)
+
+    def _fence(self, tasks: list[KafkaTask]) -> None:
+        """Before any of their offsets or state are read (docs/guarantees.md: fence-first)."""
+        takeover.fence(list({id(t.txn): t.txn for t in tasks}.values()), self.settings)
+
+    def _committed_offsets(self, partitions: list[int]) -> dict[int, int | None]:
+        return takeover.committed_offsets(self.input, self.input_topic, partitions, self.settings)
+
+    def _advance_restores(self) -> None:
+        for restore in self.restores.step():
+            self._restored(restore)
+
+    def _restored(self, restore: ChangelogRestore) -> None:
+        p = restore.partition
+        task = self.tasks[p]
+        task.restored(restore.state, restore.snapshot, restore.end)
+        task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
+        self.input.resume([TopicPartition(self.input_topic, p)])
+        self.metrics.observe_restore(p, restore.seconds, restore.records, restore.snapshot_entries)
+        log.info("%s", restore.summary())
+
+    def _owned_partitions(self) -> dict[int, KafkaTask]:
+        return self.tasks
+
+    def _close_partition(self, p: int, commit: bool) -> None:
+        self.restores.forget(p)
+        self._dropped_at.pop(p, None)
+        task = self.tasks.pop(p, None)
+        if task is not None:
+            close_task(task, self.input, commit)
+            self.metrics.forget_partition(p)

@@ -1,0 +1,308 @@
+"""task(p) of the Kafka sink: processes input partition p's records into the transaction the runner gave it, and
+stages p's state changes there when the runner commits. Passive: it never begins, commits or aborts a transaction on
+its own (the runner does: pipeline/sinks/kafka/runner.py); what it shares with the PostgreSQL sink's task (position,
+batch, retries, the phases) is pipeline/core/task.py.
+
+    start(committed)    the group's committed offset, read after the fence, becomes the position   NEW -> RESTORING
+                        (a stateless app has nothing to restore                                      -> RUNNING)
+    restored(state)     pipeline/state/restore.py rebuilt p's state while p stayed paused; the input is sought back
+                        to the committed offset                                    RESTORING -> REWINDING -> RUNNING
+    process(records)    decode -> process -> produce the outputs into the open transaction; a record that fails is
+                        retried, then dead-lettered into the same transaction or stops p (pipeline/core/processing.py;
+                        docs/guarantees.md: no-silent-skip)                                         RUNNING -> STOPPED
+    tick(now)           due wall-clock timers fire, a held burst of stream timers goes on (pipeline/core/timers.py)
+    prepare_commit()    step 1 of the runner's commit: p's state changes and a checkpoint (the input offset they
+                        cover) into p's changelog partition, in the transaction; p's next offset for step 2
+    committed()         step 4: the transaction is committed, p's committed offset and state move forward
+    rewind()            the transaction was aborted: state undone to the last commit, input sought back to the
+                        committed offset (docs/guarantees.md: rewind-after-abort)   RUNNING -> REWINDING -> RUNNING
+    drop(reason)        the producer is fenced or broken: forget everything, commit nothing          RUNNING -> DROPPED
+    close()             p is no longer ours (the runner committed or aborted what was open first)            -> CLOSED
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from pipeline.app import App, Output, Record
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.lifecycle import Phase
+from pipeline.core.processing import Attempts, record_from_message
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.core.task import Task
+from pipeline.core.timers import TimerFiring
+from pipeline.kafka.clients import produce_waiting
+from pipeline.kafka.records import Consumed
+from pipeline.metrics import Metrics
+from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.settings import Settings
+from pipeline.sinks.kafka.transaction import Transaction
+from pipeline.state import PartitionState
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.snapshot_format import Manifest
+from pipeline.state.timed import TimedState, new_state, restored_state, wall_clock_ms
+
+log = logging.getLogger(__name__)
+# An output as the producer takes it: (topic, key bytes, value bytes, partition or -1, headers).
+Encoded = tuple[str, Any, Any, int, Any]
+
+
+@dataclass(frozen=True)
+class KafkaTaskContext:
+    """What every task of one runner shares."""
+
+    app: App
+    settings: Settings
+    app_id: str
+    input_topic: str
+    output_topic: str
+    changelog_topic: str
+    dead_letter_topic: str
+    consumer: Consumer
+    metrics: Metrics
+    wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
+
+
+class KafkaTask(Task):
+    def __init__(self, ctx: KafkaTaskContext, partition: int, txn: Transaction) -> None:
+        s, metrics = ctx.settings, ctx.metrics
+        # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
+        attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters, time.sleep)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
+        self.ctx = ctx
+        self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
+        self.producer = txn.producer
+        self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
+        self._staged = 0  # transactions p staged work in; the checkpoint of the n-th one is reported by delivery
+        self._committed_txn = 0  # ... and the last of them that committed
+        # For a snapshot on shutdown: what the state is a fold of. Set when the restore ends (restored()), then
+        # moved past each committed transaction's checkpoint (its offset comes from the delivery report).
+        self.snapshot_base: Manifest | None = None
+        self.changelog_end: int | None = None
+        self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
+        self._encode = self._encoder()  # Output -> produce arguments, built once
+        # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
+        # pays one test per record.
+        errors = metrics.processing_errors.labels(self.label)
+        self._timers = (
+            TimerFiring.of(ctx.app, s, partition, self._encode, self._produce, self._pause_input, errors)
+            if ctx.app.timed
+            else None
+        )
+
+    # -- 1. position and restore ---------------------------------------------------------------------------------------
+    def start(self, committed_offset: int | None, restore: bool | None = None) -> None:
+        super().start(committed_offset, self.app.stateful if restore is None else restore)
+
+    def restored(self, state: PartitionState, snapshot_base: Manifest | None = None, end: int | None = None) -> None:
+        """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
+        started from (None: the whole changelog), `end` the changelog offset it covers up to. Timers are queued and
+        older state versions migrated here; state of a newer version refuses (StateVersionError)."""
+        super().restored(restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock))
+        self.snapshot_base, self.changelog_end = snapshot_base, end
+
+    # -- 2. process ----------------------------------------------------------------------------------------------------
+    def process(self, messages: list[Consumed]) -> None:
+        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
+        identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
+        if self._timers is not None and self._timers.held:  # fetched while a burst of timers fires: held too
+            self._timers.held.extend(messages)
+            return
+        app, state, partition, timers = self.app, self.state, self.partition, self._timers
+        timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
+        decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
+        encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
+        processed = produced = 0
+        for msg in messages:
+            if self._phase is not Phase.RUNNING:
+                break  # the rest is fetched again after the rewind
+            offset = msg.offset()
+            if self.next_offset is not None and offset < self.next_offset:
+                continue  # fetched before a rewind took effect
+            if not self.batch_open:
+                self._begin()
+            if timers is not None and not timers.before_record(timed, offset, msg.timestamp()[1]):
+                timers.hold(messages[messages.index(msg) :])  # more are due than fire in one turn: p waits
+                break
+            if stateful:
+                state.begin_record()
+            outputs: list[Encoded] | None
+            try:
+                # App.decode, inlined: calling it costs two identity deserializers per record for bytes serdes
+                # (copier ~8 % slower, measured); a retry (pipeline/core/processing.py) decodes through App.decode.
+                key = msg.key() if decode_key is None else decode_key(msg.key())
+                value = msg.value() if decode_value is None else decode_value(msg.value())
+                record = Record(key, value, msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
+                # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
+                outputs = [encode(o) for o in user_process(state, record)]
+            except Exception as error:  # from decoding or from user code: poison until proven otherwise
+                outputs = self._retry(msg, error)
+            if outputs:
+                source = (SOURCE_HEADER, encode_source(partition, offset))
+                for topic, out_key, out_value, out_partition, headers in outputs:
+                    headers = [*headers, source] if headers else [source]
+                    try:
+                        produce(topic, out_value, out_key, partition=out_partition, headers=headers)
+                    except BufferError:
+                        self._produce(topic, out_key, out_value, out_partition, headers)
+                    except KafkaException as e:
+                        self.txn.raise_classified("produce", e)
+                produced += len(outputs)
+            self.next_offset = offset + 1
+            self.batch_records += 1
+            processed += 1
+        if processed or produced:
+            self.note_batch(messages, msg, processed, produced)
+        self.producer.poll(0)
+
+    def _encoder(self) -> Callable[[Output], Encoded]:
+        """Output -> (topic, key bytes, value bytes, partition or -1, headers)."""
+        app, output_topic = self.app, self.ctx.output_topic
+        encode_key, encode_value = (
+            skip_bytes_serialize(app.output_key_serde),
+            skip_bytes_serialize(app.output_value_serde),
+        )
+        if encode_key is None and encode_value is None:
+            return lambda o: (
+                o.topic or output_topic,
+                o.key,
+                o.value,
+                -1 if o.partition is None else o.partition,
+                o.headers,
+            )
+        key_of, value_of = encode_key or identity, encode_value or identity
+        return lambda o: (
+            o.topic or output_topic,
+            key_of(o.key),
+            value_of(o.value),
+            -1 if o.partition is None else o.partition,
+            o.headers,
+        )
+
+    def _retry(self, msg: Consumed, error: Exception) -> list[Encoded] | None:
+        """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter goes
+        into the open transaction, which commits it with the offset past the record; None then (no outputs)."""
+        app, state, encode = self.app, self.state, self._encode
+        outcome = self._attempts.retry(
+            state, msg, error, lambda: [encode(o) for o in app.process(state, record_from_message(app, msg))]
+        )
+        if not isinstance(outcome, DeadLetter):
+            return outcome
+        self._produce(self.ctx.dead_letter_topic, outcome.key, outcome.value, self.partition, outcome.headers())
+        return None
+
+    def _produce(self, topic: str, key: Any, value: Any, partition: int, headers: Any, **kwargs: Any) -> None:
+        """partition -1: the producer's partitioner (murmur2 of the key) decides."""
+        try:
+            produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
+        except KafkaException as e:
+            self.txn.raise_classified("produce", e)
+
+    # -- 2b. timers (docs/guarantees.md: timers-exactly-once) ----------------------------------------------------------
+    def tick(self, now_ms: int) -> None:
+        """Every loop turn (the runner calls it): a held burst of due stream timers goes on, then the records held
+        behind it; or the wall-clock timers due fire, even when no record arrives. At most TIMERS_PER_TURN each."""
+        timers = self._timers
+        if timers is None or self._phase is not Phase.RUNNING:
+            return
+        if timers.held:
+            self.process(timers.take_held())
+            if not timers.held:
+                timers.release()  # the burst is over: p is fetched again
+        elif self.next_offset is not None and (timed := cast(TimedState, self.state)).due("wall", now_ms):
+            if not self.batch_open:
+                self._begin()
+            timers.fire(timed, "wall", now_ms, self.next_offset)
+            self.producer.poll(0)
+
+    @property
+    def holding(self) -> bool:
+        """Records are held while a burst of due timers fires (the runner polls without waiting meanwhile)."""
+        return self._timers is not None and bool(self._timers.held)
+
+    def _pause_input(self, paused: bool) -> None:
+        tps = [TopicPartition(self.input_topic, self.partition)]
+        self.ctx.consumer.pause(tps) if paused else self.ctx.consumer.resume(tps)
+
+    def _begin(self) -> None:
+        """The first record (or timer) since the last commit: p stages its work in the runner's transaction."""
+        self.txn.join(self)
+        self.open_batch()
+
+    # -- 3. the runner's commit (docs/guarantees.md: one-transaction) --------------------------------------------------
+    def prepare_commit(self) -> TopicPartition | None:
+        """Step 1: p's state changes and a checkpoint into p's changelog partition; p's next offset for step 2. None
+        when p has no position yet: its first record ever stopped p (ON_POISON=stop), so nothing of p was consumed
+        and there is nothing of p to commit."""
+        if self.next_offset is None:
+            return None
+        if self.app.stateful:
+            topic, p = self.ctx.changelog_topic, self.partition
+            for key, value in self.state.changes():
+                self._produce(topic, key.encode(), value, p, [])
+            checkpoint = Checkpoint(self.input_topic, p, self.next_offset)
+            self._produce(
+                topic,
+                CHECKPOINT_KEY,
+                checkpoint.encode(),
+                p,
+                [CHECKPOINT_HEADER],
+                on_delivery=self._checkpoint_delivered(self._staged + 1),
+            )
+        self._staged += 1
+        return TopicPartition(self.input_topic, self.partition, self.next_offset)
+
+    def committed(self) -> None:
+        """Step 4: the transaction is committed; p's committed offset and state move forward."""
+        self.batch_committed()
+        self._committed_txn = self._staged
+
+    def _checkpoint_delivered(self, txn: int) -> Callable[[Any, Any], None]:
+        def delivered(error: Any, message: Any) -> None:
+            if error is None:
+                self._checkpoint_at = (txn, message.offset())
+
+        return delivered
+
+    def snapshot_coverage(self) -> tuple[Manifest | None, int] | None:
+        """For a full snapshot of the committed state (SNAPSHOT_ON_SHUTDOWN, pipeline/sinks/kafka/snapshot.py): the
+        snapshot it was restored from and the changelog offset it covers up to; None when there is nothing new since
+        that snapshot, or when it is not known exactly which changelog offset the state covers. Call it after a
+        flush (the last checkpoint's offset comes with its delivery report)."""
+        if self._committed_txn:
+            if self._checkpoint_at is None or self._checkpoint_at[0] != self._committed_txn:
+                log.warning("p%d: no snapshot on shutdown: the last checkpoint's offset is unknown", self.partition)
+                return None
+            self.changelog_end = self._checkpoint_at[1] + 1
+        base = self.snapshot_base
+        if self.changelog_end is None or self.changelog_end <= (base.changelog_offset if base else 0):
+            return None
+        return base, self.changelog_end
+
+    # -- 4. after an abort ---------------------------------------------------------------------------------------------
+    def rewind(self) -> None:
+        """Back to the last commit: state undone, input sought back (docs/guarantees.md: rewind-after-abort).
+        RUNNING -> REWINDING, and RUNNING again once the seek is done."""
+        if self._timers is not None:
+            self._timers.release()  # held records are fetched again after the seek
+        super().rewind()
+        self.try_seek_back(self.ctx.consumer)
+
+    # -- 5. the end ----------------------------------------------------------------------------------------------------
+    def drop(self, reason: str) -> None:
+        """Fenced or fatally broken: forget everything, commit nothing."""
+        self._transition(Phase.DROPPED)
+        self.error = reason
+        self.batch_open = False
+        self.txn.leave(self)
+
+    def close(self) -> None:
+        """p is no longer ours; whatever it had open was committed or aborted by the runner."""
+        self.batch_open = False
+        self._transition(Phase.CLOSED)

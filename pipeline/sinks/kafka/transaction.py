@@ -1,0 +1,149 @@
+"""One transactional producer and the tasks whose work is open in it. The runner builds every Transaction
+(pipeline/sinks/kafka/runner.py: `KafkaRunner._transaction_for`) and commits or aborts it (`commit_transaction`,
+`abort_transaction` there); a task only stages its work in the one it was given.
+
+PRODUCERS=per_partition: each input partition has its own producer, named after the partition (`transactional_id`),
+so each task has a Transaction of its own, and a new owner fences the previous one by initialising that name.
+PRODUCERS=per_process (KIP-447): one producer for the whole process (`process_transactional_id`). Every task that
+processed something since the last commit is a participant; they commit together and abort together. A zombie is
+fenced by the group instead of by the name: its consumed offsets carry a stale generation, the broker refuses them,
+and the transaction can only abort (docs/guarantees.md: zombies-stay-out).
+
+A Kafka error inside a transaction is classified (pipeline/kafka/errors.py): an unknown outcome is retried (`call`),
+an abortable error raises TransactionAborted, a fenced or fatal producer raises PartitionDropped and the transaction
+is `broken` for good (docs/guarantees.md: unknown-commit-retried).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+from confluent_kafka import KafkaException, Producer, TopicPartition
+
+from pipeline.kafka.errors import Action, classify, kafka_error
+from pipeline.retry import Backoff, retry
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+# While a transactional call's outcome is unknown (retriable), it is called again this often, for at most
+# TRANSACTION_TIMEOUT_MS: beyond that the broker has aborted the transaction anyway.
+UNKNOWN_OUTCOME_BACKOFF = Backoff(0.05, factor=1)
+
+
+def transactional_id(app_id: str, topic: str, partition: int) -> str:
+    """PRODUCERS=per_partition: stable across restarts and hosts, so that the next owner of the partition fences the
+    previous one."""
+    return f"{app_id}.{topic}.{partition}"
+
+
+def process_transactional_id(app_id: str, topic: str, group_instance_id: str) -> str:
+    """PRODUCERS=per_process: named after the static member when there is one, so that its next start aborts what its
+    last left open at once; otherwise unique per start (two processes must never share it), and what a crashed
+    process left open holds its partitions' next owners up to TRANSACTION_TIMEOUT_MS. Under the service's
+    transactional-id prefix, like the per-partition names (pipeline/kafka/acls.py)."""
+    return f"{app_id}.{topic}.process-{group_instance_id or uuid.uuid4().hex[:12]}"
+
+
+class TransactionAborted(Exception):
+    """The open transaction must be (or was) aborted; state and position go back to the last commit."""
+
+
+class PartitionDropped(Exception):
+    """The producer can never commit again (fenced, fatal, or an outcome that stayed unknown)."""
+
+
+class Participant(Protocol):
+    """What a transaction's commit and abort need of a task that staged work in it (KafkaTask)."""
+
+    partition: int
+
+    def prepare_commit(self) -> TopicPartition | None: ...
+
+    def committed(self) -> None: ...
+
+    def rewind(self) -> None: ...
+
+
+class Transaction:
+    def __init__(
+        self,
+        producer: Producer,
+        settings: Settings,
+        name: str,
+        abort_hook: Callable[[int], bool] | None = None,
+        observe_commit: Callable[[float], None] | None = None,
+    ) -> None:
+        self.producer = producer
+        self.name = name  # for log lines: "p3" or the process's transactional.id
+        self.participants: list[Participant] = []
+        self.broken = False  # fenced or fatal: this producer never commits again
+        self.transactional = settings.exactly_once
+        self.timeout_s = settings.request_timeout_ms / 1000
+        self._retry_for_s = settings.transaction_timeout_ms / 1000
+        self._fenced = False
+        self.commits = 0  # commits begun, the injected aborts count them
+        # Test hook: called before each commit; returning True aborts that transaction instead (injected aborts).
+        self.abort_hook = abort_hook
+        self.observe_commit = observe_commit  # seconds per commit, once per transaction (however many partitions)
+
+    @property
+    def open(self) -> bool:
+        return bool(self.participants)
+
+    def fence(self) -> None:
+        """init_transactions, once per producer (docs/guarantees.md: fence-first)."""
+        if self.transactional and not self._fenced:
+            self.producer.init_transactions(self.timeout_s)
+            self._fenced = True
+
+    def join(self, task: Participant) -> None:
+        """`task` stages work in this transaction from now on; the first one begins it."""
+        if not self.participants and self.transactional:
+            self.call(self.producer.begin_transaction)
+        self.participants.append(task)
+
+    def leave(self, task: Participant) -> None:
+        """A participant dropped without committing (the others stay in the transaction)."""
+        if task in self.participants:
+            self.participants.remove(task)
+
+    def end(self) -> list[Participant]:
+        """The participants of the transaction that was just committed or aborted; none from now on."""
+        ended, self.participants = self.participants, []
+        return ended
+
+    def call(self, method: Callable[..., Any], *args: Any) -> None:
+        """Calls a transactional producer method, again while its outcome is unknown (docs/guarantees.md:
+        unknown-commit-retried); any other error is classified (TransactionAborted or PartitionDropped)."""
+
+        def unknown(error: Exception) -> bool:
+            known = kafka_error(error)
+            return known is not None and classify(known) is Action.RETRY
+
+        def failed(error: Exception, failures: int, delay: float | None) -> None:
+            if delay is not None:
+                log.info("%s: %s: %s; retrying", self.name, method.__name__, kafka_error(error))
+
+        try:
+            retry(
+                lambda: method(*args),
+                retriable=unknown,
+                backoff=UNKNOWN_OUTCOME_BACKOFF,
+                within_s=self._retry_for_s,
+                on_failure=failed,
+                sleep=time.sleep,
+            )
+        except KafkaException as e:
+            self.raise_classified(method.__name__, e)
+
+    def raise_classified(self, operation: str, exc: KafkaException) -> NoReturn:
+        """A Kafka error inside a transaction becomes TransactionAborted or PartitionDropped (never RETRY here)."""
+        error = kafka_error(exc)
+        if error is not None and classify(error) is Action.ABORT:
+            raise TransactionAborted(f"{operation}: {error}") from exc
+        self.broken = True
+        raise PartitionDropped(f"{operation}: {error or exc}") from exc
