@@ -7,12 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import orjson
 import psycopg
 import psycopg_pool
 import pytest
+from confluent_kafka import Message
 from psycopg import sql
 
 from pipeline.examples.running_totals_pg import TotalsSink, app
@@ -21,46 +21,23 @@ from pipeline.settings import Settings
 from pipeline.sinks.postgres.runner import commit_batch
 from pipeline.sinks.postgres.schema import connection_kwargs, ensure_schema
 from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed
+from tests.fakes import kafka_message
 from tests.plugins.postgres import connect
 
 pytestmark = pytest.mark.postgres
 TOPIC = "in"
 
 
-@dataclass
-class FakeMessage:
-    """What PostgresTask.process reads of a confluent_kafka.Message."""
-
-    _partition: int
-    _offset: int
-    _key: bytes
-    _value: bytes
-
-    def topic(self) -> str:
-        return TOPIC
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 0)
-
-    def headers(self) -> None:
-        return None
-
-
-def messages(first: int, last: int, partition: int = 0) -> list[FakeMessage]:
+def messages(first: int, last: int, partition: int = 0) -> list[Message]:
     return [
-        FakeMessage(partition, i, f"acct-{i % 3}".encode(), orjson.dumps({"id": i, "amount": i}))
+        kafka_message(
+            i,
+            f"acct-{i % 3}".encode(),
+            orjson.dumps({"id": i, "amount": i}),
+            partition=partition,
+            topic=TOPIC,
+            timestamp_ms=0,
+        )
         for i in range(first, last)
     ]
 

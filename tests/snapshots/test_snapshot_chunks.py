@@ -9,7 +9,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaException, Message
 
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot
 from pipeline.state.snapshot_format import (
@@ -19,61 +19,11 @@ from pipeline.state.snapshot_format import (
     snapshot_id,
 )
 from pipeline.state.snapshot_writer import emit_chunks, manifest_for, write_snapshot
+from tests.fakes import FakeProducer, FeedConsumer
 
 TOPIC = "app-snapshots"
 SID = snapshot_id("app", 0, None, 0, 100)
 DAMAGES = ["none", "missing", "bad-crc", "wrong-count", "wrong-checksum", "not-a-chunk", "duplicate", "interleaved"]
-
-
-class FakeProducer:
-    """Records what is produced; delivers everything (offsets from `first_offset` on) at flush, or fails it."""
-
-    def __init__(self, first_offset: int = 100, fail: bool = False) -> None:
-        self.records: list[Message] = []
-        self._pending: list[tuple[Message, object]] = []
-        self._next = first_offset
-        self._fail = fail
-
-    def produce(self, topic: str, value: bytes, key: bytes, partition: int, headers: list, on_delivery=None) -> None:
-        message = Message(topic=topic, partition=partition, offset=self._next, key=key, value=value, headers=headers)
-        self._next += 1
-        self.records.append(message)
-        if on_delivery is not None:
-            self._pending.append((message, on_delivery))
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout: float = 0) -> int:
-        for message, on_delivery in self._pending:
-            on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT) if self._fail else None, message)
-        self._pending = []
-        return 0
-
-
-class FakeConsumer:
-    """Hands out given records in offset order, as a read_committed consumer assigned to them would."""
-
-    def __init__(self, records: list[Message]) -> None:
-        self._records = sorted(records, key=Message.offset)
-        self._position = 0
-
-    def assign(self, partitions: list[TopicPartition]) -> None:
-        start = min((tp.offset for tp in partitions), default=0)
-        self._records = [m for m in self._records if m.offset() >= start]
-
-    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
-        pass
-
-    def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        batch = self._records[:num_messages]
-        self._records = self._records[num_messages:]
-        if batch:
-            self._position = batch[-1].offset() + 1
-        return batch
-
-    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
-        return [TopicPartition(tp.topic, tp.partition, self._position) for tp in partitions]
 
 
 def entries(n: int = 300) -> dict[str, bytes]:
@@ -143,7 +93,7 @@ def _with_value(m: Message, value: bytes, offset: int | None = None) -> Message:
 
 
 def restore_load(manifest: Manifest, records: list[Message], manifest_offset: int) -> dict[str, bytes]:
-    load = ChunkLoad(FakeConsumer(records), TOPIC, 0, manifest_offset, manifest)
+    load = ChunkLoad(FeedConsumer.of(records), TOPIC, 0, manifest_offset, manifest)
     while not load.done:
         load.step(1)
     return load.finish()
@@ -196,7 +146,7 @@ def test_the_restore_and_the_compaction_job_verify_a_snapshot_alike(damage):
 def test_emit_chunks_fails_when_a_chunk_is_not_delivered():
     with pytest.raises(KafkaException, match="chunks not delivered"):
         emit_chunks(
-            FakeProducer(fail=True),
+            FakeProducer(fail_delivery=True),
             topic=TOPIC,
             partition=0,
             sid=SID,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.lifecycle import TRANSITIONS, IllegalTransition, Lifecycle, Phase
-from tests.unit.test_task_protocol import Harness, msg
+from tests.harness import Harness, msg
 
 
 class Owned(Lifecycle):

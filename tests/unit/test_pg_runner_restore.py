@@ -16,7 +16,7 @@ from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.settings import Settings
 from pipeline.sinks.postgres.runner import PostgresRunner
 from pipeline.sinks.postgres.task import PostgresTask, PostgresTaskContext
-from tests.unit.test_runner_take_over import SeekRecordingConsumer
+from tests.fakes import FakeConsumer
 
 PAGES, PAGE_S = 6, 0.03
 
@@ -48,7 +48,7 @@ def fake_database(monkeypatch) -> list[float]:
 def test_the_callback_only_fences_and_the_restore_steps_between_polls(fake_database) -> None:
     settings = Settings(sink="postgres", postgres_dsn="postgresql://unused", restore_step_ms=50)
     runner = PostgresRunner(totals_pg, settings)
-    runner.consumer = consumer = SeekRecordingConsumer()
+    runner.consumer = consumer = FakeConsumer()
     runner.ctx = PostgresTaskContext(
         totals_pg,
         settings,
@@ -74,4 +74,4 @@ def test_the_callback_only_fences_and_the_restore_steps_between_polls(fake_datab
 
     runner._retry_seeks()
     assert task.phase is Phase.RUNNING and consumer.paused == set()
-    assert consumer.calls == [("seek", 0, 42), ("resume", 0, None)]  # the fenced offset, then resume
+    assert consumer.moves() == [("seek", 0, 42), ("resume", 0, None)]  # the fenced offset, then resume

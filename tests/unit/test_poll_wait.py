@@ -1,4 +1,4 @@
-"""How long the poll loop waits (no broker: a fake consumer on a fake clock).
+"""How long the poll loop waits (no broker: the feeding consumer of tests/fakes.py on a fake clock).
 
 The loop hands records over as soon as there are any (it never waits for a full batch), and never waits past the
 moment the earliest open transaction is due: a transaction commits when it is due, not when a wait for records ends
@@ -7,7 +7,6 @@ moment the earliest open transaction is due: a transaction commits when it is du
 
 from __future__ import annotations
 
-import heapq
 import random
 import time as real_time
 from types import SimpleNamespace
@@ -24,109 +23,13 @@ from pipeline import settings
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import IDLE_WAIT_S, PollLoop
 from pipeline.examples.copier import app as copier
-from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.runner import KafkaRunner
-from pipeline.sinks.kafka.task import KafkaTaskContext
-
-
-class FakeClock:
-    """time.monotonic() and time.time() of the modules under test; only the fake consumer's waits move it."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return self.now
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class FakeConsumer:
-    """Records arrive at given times; poll() waits for the first one at most `timeout`, consume() takes what is
-    there. Every wait is recorded with the clock at its start."""
-
-    def __init__(self, clock: FakeClock, arrivals: list[tuple[float, Message]] = ()) -> None:
-        self.clock = clock
-        self._arrivals = [(at, i, m) for i, (at, m) in enumerate(arrivals)]
-        heapq.heapify(self._arrivals)
-        self.waits: list[tuple[float, float]] = []  # (clock at the call, timeout)
-        self.committed_offsets: list = []
-
-    def _ready(self, limit: int) -> list[Message]:
-        out = []
-        while self._arrivals and self._arrivals[0][0] <= self.clock.now and len(out) < limit:
-            out.append(heapq.heappop(self._arrivals)[2])
-        return out
-
-    def poll(self, timeout: float) -> Message | None:
-        self.waits.append((self.clock.now, timeout))
-        if not self._ready_now():
-            next_arrival = self._arrivals[0][0] if self._arrivals else float("inf")
-            self.clock.now = min(self.clock.now + timeout, max(self.clock.now, next_arrival))
-        ready = self._ready(1)
-        return ready[0] if ready else None
-
-    def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        self.waits.append((self.clock.now, timeout))
-        ready = self._ready(num_messages)
-        if len(ready) < num_messages and timeout > 0:  # librdkafka: waits for a full batch or the timeout
-            self.clock.now += timeout
-            ready += self._ready(num_messages - len(ready))
-        return ready
-
-    def _ready_now(self) -> bool:
-        return bool(self._arrivals) and self._arrivals[0][0] <= self.clock.now
-
-    def consumer_group_metadata(self) -> object:
-        return object()
-
-    def commit(self, offsets=None, asynchronous=True) -> None:
-        self.committed_offsets.append((self.clock.now, offsets))
-
-    def get_watermark_offsets(self, tp, cached=False) -> tuple[int, int]:
-        return -1, -1
-
-
-class NullProducer:
-    """A transaction costs no time; commits are recorded with the clock."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.commits: list[float] = []
-
-    def init_transactions(self, timeout=None) -> None:
-        pass
-
-    def begin_transaction(self) -> None:
-        pass
-
-    def produce(self, *args, **kwargs) -> None:
-        pass
-
-    def poll(self, timeout: float = 0) -> int:
-        return 0
-
-    def flush(self, timeout=None) -> int:
-        return 0
-
-    def send_offsets_to_transaction(self, offsets, group, timeout=None) -> None:
-        pass
-
-    def commit_transaction(self, timeout=None) -> None:
-        self.commits.append(self.clock.now)
+from tests.fakes import FakeClock, FeedConsumer, NullProducer, kafka_message
+from tests.harness import kafka_runner
 
 
 def message(partition: int, offset: int, timestamp_ms: int = 0) -> Message:
-    return Message(
-        topic=copier.input_topic, partition=partition, offset=offset, key=b"k", value=b"v", timestamp=(1, timestamp_ms)
-    )
+    return kafka_message(offset, partition=partition, topic=copier.input_topic, timestamp_ms=timestamp_ms)
 
 
 @pytest.fixture
@@ -152,7 +55,7 @@ class Owned(Lifecycle):
 
 
 class Loop(PollLoop):
-    def __init__(self, consumer: FakeConsumer, owned: dict[int, Owned], poll_max_records: int = 5_000) -> None:
+    def __init__(self, consumer: FeedConsumer, owned: dict[int, Owned], poll_max_records: int = 5_000) -> None:
         super().__init__(settings.Settings(poll_max_records=poll_max_records))
         self.consumer = consumer
         self.owned = owned
@@ -162,7 +65,7 @@ class Loop(PollLoop):
 
 
 def test_records_already_fetched_are_returned_without_waiting_for_a_full_batch(clock: FakeClock) -> None:
-    consumer = FakeConsumer(clock, [(clock.now, message(0, i)) for i in range(3)])
+    consumer = FeedConsumer(clock, [(clock.now, message(0, i)) for i in range(3)])
     started = clock.now
     batch = Loop(consumer, {})._poll(IDLE_WAIT_S)
     assert [m.offset() for m in batch] == [0, 1, 2]
@@ -171,7 +74,7 @@ def test_records_already_fetched_are_returned_without_waiting_for_a_full_batch(c
 
 
 def test_the_first_record_is_returned_when_it_arrives(clock: FakeClock) -> None:
-    consumer = FakeConsumer(clock, [(clock.now + 0.004, message(0, 0)), (clock.now + 0.050, message(0, 1))])
+    consumer = FeedConsumer(clock, [(clock.now + 0.004, message(0, 0)), (clock.now + 0.050, message(0, 1))])
     started = clock.now
     batch = Loop(consumer, {})._poll(IDLE_WAIT_S)
     assert [m.offset() for m in batch] == [0]
@@ -180,14 +83,14 @@ def test_the_first_record_is_returned_when_it_arrives(clock: FakeClock) -> None:
 
 def test_the_wait_ends_when_the_earliest_transaction_is_due(clock: FakeClock) -> None:
     owned = {0: Owned(0, clock.now + 0.5), 1: Owned(1, clock.now + 0.02), 2: Owned(2, None)}
-    consumer = FakeConsumer(clock)
+    consumer = FeedConsumer(clock)
     started = clock.now
     assert Loop(consumer, owned)._poll(IDLE_WAIT_S) == []
     assert consumer.waits == [(started, pytest.approx(0.02, abs=1e-9))]
 
 
 def test_a_transaction_already_due_is_not_waited_for(clock: FakeClock) -> None:
-    consumer = FakeConsumer(clock)
+    consumer = FeedConsumer(clock)
     Loop(consumer, {0: Owned(0, clock.now - 0.01)})._poll(IDLE_WAIT_S)
     assert consumer.waits == [(clock.now, 0.0)]
 
@@ -195,45 +98,31 @@ def test_a_transaction_already_due_is_not_waited_for(clock: FakeClock) -> None:
 def test_a_partition_that_does_not_run_does_not_bound_the_wait(clock: FakeClock) -> None:
     dropped = Owned(0, clock.now)
     dropped._transition(Phase.DROPPED)
-    consumer = FakeConsumer(clock)
+    consumer = FeedConsumer(clock)
     Loop(consumer, {0: dropped})._poll(IDLE_WAIT_S)
     assert consumer.waits[0][1] == IDLE_WAIT_S
 
 
 def test_a_batch_is_never_larger_than_poll_max_records(clock: FakeClock) -> None:
-    consumer = FakeConsumer(clock, [(clock.now, message(0, i)) for i in range(10)])
+    consumer = FeedConsumer(clock, [(clock.now, message(0, i)) for i in range(10)])
     assert len(Loop(consumer, {}, poll_max_records=4)._poll(IDLE_WAIT_S)) == 4
     assert len(Loop(consumer, {}, poll_max_records=1)._poll(IDLE_WAIT_S)) == 1
 
 
 # -- the Kafka runner end to end: commits exactly when due ------------------------------------------------------------
 def running_runner(
-    clock: FakeClock, consumer: FakeConsumer, interval_ms: int, guarantee: str
+    clock: FakeClock, consumer: FeedConsumer, interval_ms: int, guarantee: str
 ) -> tuple[KafkaRunner, NullProducer]:
-    s = settings.load(
-        env={},
-        bootstrap_servers="unused:9092",
+    producer = NullProducer(clock)
+    runner = kafka_runner(
+        copier,
+        consumer,
+        lambda _: producer,
         app_id="poll-wait",
         commit_interval_ms=interval_ms,
         processing_guarantee=guarantee,
         producers="per_partition",  # a transaction per partition, each committed when due
     )
-    runner = KafkaRunner(copier, s)
-    runner.consumer = consumer
-    producer = NullProducer(clock)
-    runner._make_producer = lambda _: producer  # type: ignore[method-assign,assignment,return-value]
-    runner.ctx = KafkaTaskContext(
-        copier,
-        s,
-        runner.app_id,
-        copier.input_topic,
-        copier.output_topic,
-        "cl",
-        "dlq",
-        consumer,  # type: ignore[arg-type]
-        Metrics(),
-    )
-    runner.metrics = runner.ctx.metrics
     for p in range(3):
         task = task_module.KafkaTask(runner.ctx, p, runner._transaction_for(p))
         task.start(0)
@@ -246,7 +135,7 @@ def test_each_transaction_commits_when_due_not_when_a_batch_wait_ends(clock: Fak
     # Sparse input: one record every 7 ms on partition 0 (far from a full batch), for about 3 commit intervals.
     start = clock.now
     times = [start + 0.007 * i for i in range(3 * interval_ms // 7)]
-    consumer = FakeConsumer(clock, [(at, message(0, i, round(at * 1000))) for i, at in enumerate(times)])
+    consumer = FeedConsumer(clock, [(at, message(0, i, round(at * 1000))) for i, at in enumerate(times)])
     runner, producer = running_runner(clock, consumer, interval_ms, settings.EXACTLY_ONCE)
     while clock.now < start + 3.5 * interval_ms / 1000:
         runner._loop_once()
@@ -272,7 +161,7 @@ def test_no_wait_ever_passes_the_next_due_commit(clock: FakeClock) -> None:
     for at, p in times:
         arrivals.append((at, message(p, offsets[p], round(at * 1000))))
         offsets[p] += 1
-    consumer = FakeConsumer(clock, arrivals)
+    consumer = FeedConsumer(clock, arrivals)
     runner, _ = running_runner(clock, consumer, 20, settings.AT_LEAST_ONCE)
     checked = 0
     while clock.now < start + 1.2:
@@ -295,7 +184,7 @@ def test_when_one_transaction_is_due_every_open_one_commits_with_it(clock: FakeC
     # Transactions opened 0, 30 and 60 ms in: all three commit at 100 ms, in one pause of the loop, instead of
     # three pauses 30 ms apart; none is ever later than its own deadline.
     start = clock.now
-    consumer = FakeConsumer(
+    consumer = FeedConsumer(
         clock, [(start + 0.03 * p, message(p, 0, round((start + 0.03 * p) * 1000))) for p in range(3)]
     )
     runner, producer = running_runner(clock, consumer, 100, settings.EXACTLY_ONCE)

@@ -15,7 +15,7 @@ from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from pipeline.sinks.postgres.task import PostgresTask, PostgresTaskContext
 from pipeline.state import PartitionState
-from tests.unit.test_task_protocol import DLQ, INPUT, OUTPUT, Harness, msg, poison
+from tests.harness import DLQ, INPUT, OUTPUT, Harness, msg, poison
 
 
 class Counter:

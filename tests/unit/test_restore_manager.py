@@ -14,14 +14,7 @@ from pipeline.serde import JSON
 from pipeline.settings import Settings
 from pipeline.state.restore import RestoreError
 from pipeline.state.restore_manager import RestoreManager
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 class FakeRestore:
@@ -46,8 +39,8 @@ class FakeRestore:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
     FakeRestore.made, FakeRestore.failures = [], {}
     monkeypatch.setattr(restore_module, "ChangelogRestore", FakeRestore)
     monkeypatch.setattr(restore_module, "time", clock)
@@ -73,7 +66,7 @@ def manager() -> tuple[RestoreManager, list[str]]:
     return restores, admins
 
 
-def test_finished_restores_come_back_once_with_a_state_of_their_own_and_are_forgotten(clock: Clock) -> None:
+def test_finished_restores_come_back_once_with_a_state_of_their_own_and_are_forgotten(clock: FakeClock) -> None:
     restores, _ = manager()
     restores.start(0, 5)
     restores.start(1, None)
@@ -85,7 +78,7 @@ def test_finished_restores_come_back_once_with_a_state_of_their_own_and_are_forg
     assert not restores.busy and restores.step() == []
 
 
-def test_broker_trouble_starts_the_restore_again_a_second_later_with_a_new_admin_client(clock: Clock) -> None:
+def test_broker_trouble_starts_the_restore_again_a_second_later_with_a_new_admin_client(clock: FakeClock) -> None:
     restores, admins = manager()
     FakeRestore.failures[0] = [EndOffsetsTimeout("cl: end offsets not known within 5s")]
     restores.start(0, 7)
@@ -97,7 +90,7 @@ def test_broker_trouble_starts_the_restore_again_a_second_later_with_a_new_admin
     assert restore.admin == admins[-1] == "admin 2" and restore.committed_offset == 7
 
 
-def test_broker_trouble_for_longer_than_the_restore_timeout_is_a_restore_error(clock: Clock) -> None:
+def test_broker_trouble_for_longer_than_the_restore_timeout_is_a_restore_error(clock: FakeClock) -> None:
     restores, _ = manager()
     FakeRestore.failures[0] = [EndOffsetsTimeout(f"try {i}") for i in range(20)]
     restores.start(0, 7)
@@ -107,7 +100,7 @@ def test_broker_trouble_for_longer_than_the_restore_timeout_is_a_restore_error(c
             restores.step()
 
 
-def test_a_forgotten_partition_is_closed_and_never_comes_back(clock: Clock) -> None:
+def test_a_forgotten_partition_is_closed_and_never_comes_back(clock: FakeClock) -> None:
     restores, _ = manager()
     restores.start(3, 0)
     restores.forget(3)

@@ -1,6 +1,6 @@
 """A KafkaTask and the runner's transaction protocol (pipeline/sinks/kafka/runner.py: commit_transaction,
-abort_transaction, close_task): call order and error handling, against a fake producer and consumer that record every
-call.
+abort_transaction, close_task): call order and error handling, against the fake producer and consumer of tests/fakes.py
+that record every call.
 
 The fakes test the protocol (what is called, in which order, and what happens on each kind of error), not Kafka:
 the tests against a real broker live in tests/integration and tests/faults.
@@ -14,193 +14,18 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 import pipeline.sinks.kafka.task as task_module
 from pipeline.app import App, Output
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
-from pipeline.examples.running_totals import app as running_totals
-from pipeline.metrics import Metrics
-from pipeline.settings import Settings
-from pipeline.sinks.kafka.runner import abort_and_rewind, close_task, commit_transaction
-from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
-from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
+from pipeline.sinks.kafka.runner import abort_and_rewind
+from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-
-APP_ID = "unit"
-INPUT, OUTPUT, CHANGELOG, DLQ = "in", "out", "unit-changelog", "unit-dlq"
-P = 2
-GROUP_METADATA = object()
-
-
-def kafka_exception(code: int, **flags: bool) -> KafkaException:
-    return KafkaException(KafkaError(code, "injected", **flags))
-
-
-RETRIABLE = dict(code=KafkaError._TIMED_OUT, retriable=True)
-ABORTABLE = dict(code=KafkaError._STATE, txn_requires_abort=True)
-FENCED = dict(code=KafkaError._FENCED, fatal=True)
-
-
-class Calls(list):
-    """(name, args, kwargs) of every call on the fakes, in order."""
-
-    def names(self) -> list[str]:
-        return [name for name, _, _ in self]
-
-    def count(self, name: str) -> int:  # type: ignore[override]
-        return self.names().count(name)
-
-    def produced(self, topic: str | None = None) -> list[dict]:
-        rows = [{"topic": a[0], "value": a[1], "key": a[2], **kw} for name, a, kw in self if name == "produce"]
-        return [r for r in rows if topic is None or r["topic"] == topic]
-
-
-class FakeProducer:
-    def __init__(self, calls: Calls, transactional_id: str | None) -> None:
-        self.calls = calls
-        self.transactional_id = transactional_id
-        self.failures: dict[str, list[BaseException]] = {}  # method -> exceptions to raise, one per call
-
-    def fail(self, method: str, *errors: BaseException) -> None:
-        self.failures.setdefault(method, []).extend(errors)
-
-    def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
-        self.calls.append((name, args, kwargs))
-        if self.failures.get(name):
-            raise self.failures[name].pop(0)
-
-    def init_transactions(self, *args: Any) -> None:
-        self._record("init_transactions", *args)
-
-    def begin_transaction(self, *args: Any) -> None:
-        self._record("begin_transaction", *args)
-
-    def produce(self, topic: str, value: Any = None, key: Any = None, **kwargs: Any) -> None:
-        self._record("produce", topic, value, key, **kwargs)
-
-    def send_offsets_to_transaction(self, *args: Any) -> None:
-        self._record("send_offsets_to_transaction", *args)
-
-    def commit_transaction(self, *args: Any) -> None:
-        self._record("commit_transaction", *args)
-
-    def abort_transaction(self, *args: Any) -> None:
-        self._record("abort_transaction", *args)
-
-    def flush(self, *args: Any) -> int:
-        self._record("flush", *args)
-        return 0
-
-    def poll(self, *args: Any) -> int:
-        return 0  # not recorded: called after every batch, carries no protocol meaning
-
-
-class FakeConsumer:
-    def __init__(self, calls: Calls) -> None:
-        self.calls = calls
-
-    def consumer_group_metadata(self) -> object:
-        return GROUP_METADATA
-
-    def seek(self, tp: Any) -> None:
-        self.calls.append(("seek", (tp.topic, tp.partition, tp.offset), {}))
-
-    def commit(self, offsets: Any = None, asynchronous: bool = True) -> None:
-        self.calls.append(("consumer.commit", ([(tp.topic, tp.partition, tp.offset) for tp in offsets],), {}))
-
-
-class FakeMessage:
-    def __init__(self, offset: int, key: bytes | None, value: bytes | None, partition: int = P) -> None:
-        self._offset, self._key, self._value, self._partition = offset, key, value, partition
-
-    def topic(self) -> str:
-        return INPUT
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def timestamp(self) -> tuple[int, int]:
-        return (1, 1_700_000_000_000)
-
-    def headers(self) -> list | None:
-        return None
-
-    def error(self) -> None:
-        return None
-
-
-def msg(offset: int, amount: int = 1, account: str = "acct") -> FakeMessage:
-    return FakeMessage(offset, account.encode(), orjson.dumps({"id": f"id-{offset}", "amount": amount}))
-
-
-def poison(offset: int) -> FakeMessage:
-    return FakeMessage(offset, b"acct", b"{not json")
-
-
-class Harness:
-    def __init__(self, app: App = running_totals, abort_hook=None, **settings: Any) -> None:
-        self.calls = Calls()
-        self.producers: list[FakeProducer] = []
-        self.consumer = FakeConsumer(self.calls)
-        self.metrics = Metrics()
-        self.settings = Settings(**{"processing_backoff_ms": 0, "request_timeout_ms": 1_000, **settings})
-        self.abort_hook = abort_hook
-        self.ctx = KafkaTaskContext(
-            app=app,
-            settings=self.settings,
-            app_id=APP_ID,
-            input_topic=INPUT,
-            output_topic=OUTPUT,
-            changelog_topic=CHANGELOG,
-            dead_letter_topic=DLQ,
-            consumer=self.consumer,  # type: ignore[arg-type]
-            metrics=self.metrics,
-        )
-
-    def _make_producer(self, tid: str | None) -> FakeProducer:
-        producer = FakeProducer(self.calls, tid)
-        self.producers.append(producer)
-        return producer
-
-    def transaction(self, p: int = P) -> Transaction:
-        """As the runner builds it with PRODUCERS=per_partition: a producer named after p."""
-        tid = transactional_id(APP_ID, INPUT, p) if self.settings.exactly_once else None
-        producer = self._make_producer(tid)
-        return Transaction(producer, self.settings, f"p{p}", self.abort_hook, self.metrics.commit_latency.observe)  # type: ignore[arg-type]
-
-    def new_task(self, p: int = P) -> KafkaTask:
-        return KafkaTask(self.ctx, p, self.transaction(p))
-
-    def commit(self, task: KafkaTask) -> None:
-        """What the runner does when p's transaction is due."""
-        commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
-
-    def close(self, task: KafkaTask, commit: bool) -> None:
-        close_task(task, self.consumer, commit)  # type: ignore[arg-type]
-
-    def task(self, committed: int | None = 0) -> KafkaTask:
-        """A task fenced, started at `committed` and (no changelog here) restored."""
-        task = self.new_task()
-        task.txn.fence()
-        task.start(committed)
-        task.phase = Phase.RUNNING  # restore is pipeline/state/restore.py's business
-        self.calls.clear()
-        return task
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+from tests.fakes import ABORTABLE, FENCED, GROUP_METADATA, RETRIABLE, kafka_exception, kafka_message
+from tests.harness import APP_ID, CHANGELOG, DLQ, INPUT, OUTPUT, Harness, P, msg, poison
 
 
 @pytest.fixture
@@ -545,7 +370,7 @@ def test_each_attempt_sees_the_state_as_it_was_and_a_late_success_is_not_dead_le
 def test_a_business_exception_is_dead_lettered_with_its_type(sleeps: list[float]) -> None:
     h = Harness(processing_max_attempts=2)
     task = h.task(committed=0)
-    bad = FakeMessage(0, b"acct", orjson.dumps({"id": "x", "amount": "12"}))
+    bad = kafka_message(0, b"acct", orjson.dumps({"id": "x", "amount": "12"}), partition=P)
     task.process([bad])
     [letter] = h.calls.produced(DLQ)
     assert dlq_headers(letter)["eos.dlq.error.type"] == b"TypeError"

@@ -1,6 +1,6 @@
 """PRODUCERS=per_process: one producer's transaction carries every partition's work, and they commit, abort and break
 together (pipeline/sinks/kafka/transaction.py, committed by pipeline/sinks/kafka/runner.py). Against the recording
-fakes of test_task_protocol; the real-broker tests are tests/integration/test_per_process_takeover.py and the fault
+fakes of tests/fakes.py; the real-broker tests are tests/integration/test_per_process_takeover.py and the fault
 suite run in this mode."""
 
 from __future__ import annotations
@@ -8,25 +8,22 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import TopicPartition
 
-from pipeline import settings
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
-from pipeline.sinks.kafka.runner import KafkaRunner, abort_and_rewind
-from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.runner import abort_and_rewind
+from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted
-from tests.unit.test_task_protocol import (
+from tests.fakes import (
     ABORTABLE,
-    CHANGELOG,
     FENCED,
     GROUP_METADATA,
-    INPUT,
     Calls,
-    FakeMessage,
+    FakeConsumer,
     FakeProducer,
-    Harness,
     kafka_exception,
-    msg,
+    kafka_message,
 )
+from tests.harness import CHANGELOG, INPUT, Harness, kafka_runner, msg
 
 
 class Shared(Harness):
@@ -128,50 +125,14 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
     """Turn 1: p1 processes offset 10. Turn 2 polled p0@10 and p1@11; p0's produce fails (abortable), the abort rewinds
     p1 to 10 as well, and p1@11, polled before that seek, must not be processed (it would skip offset 10)."""
     calls = Calls()
-    consumer = SeekingConsumer()
-    runner = KafkaRunner(
-        copier, settings.load(env={}, bootstrap_servers="unused:9092", app_id="unit", producers="per_process")
-    )
-    runner._make_producer = lambda txn_id: FakeProducer(calls, txn_id)  # type: ignore[method-assign]
-    runner.consumer = consumer  # type: ignore[assignment]
-    runner.ctx = KafkaTaskContext(
-        copier,
-        runner.settings,
-        "unit",
-        copier.input_topic,
-        copier.output_topic,
-        "cl",
-        "dlq",
-        consumer,  # type: ignore[arg-type]
-        runner.metrics,
+    consumer = FakeConsumer(committed_offset=10)
+    runner = kafka_runner(
+        copier, consumer, lambda txn_id: FakeProducer(calls, txn_id), app_id="unit", producers="per_process"
     )
     runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
-    runner._dispatch([FakeMessage(10, b"k", b"v", partition=1)])  # type: ignore[list-item]
+    runner._dispatch([kafka_message(10, partition=1)])
     runner._process_transaction().producer.fail("produce", kafka_exception(**ABORTABLE))
-    runner._dispatch([FakeMessage(10, b"k", b"v", partition=0), FakeMessage(11, b"k", b"v", partition=1)])  # type: ignore[list-item]
+    runner._dispatch([kafka_message(10, partition=0), kafka_message(11, partition=1)])
     assert sorted(consumer.seeks) == [(0, 10), (1, 10)]
     assert (runner.tasks[0].next_offset, runner.tasks[1].next_offset) == (10, 10)
     assert [r["value"] for r in calls.produced()] == [b"v", b"v"]  # p1@10, then p0@10 that failed: nothing else
-
-
-class SeekingConsumer:
-    def __init__(self) -> None:
-        self.seeks: list[tuple[int, int]] = []
-
-    def committed(self, tps, timeout=None):
-        return [TopicPartition(tp.topic, tp.partition, 10) for tp in tps]
-
-    def incremental_assign(self, tps) -> None:
-        pass
-
-    def seek(self, tp) -> None:
-        self.seeks.append((tp.partition, tp.offset))
-
-    def pause(self, tps) -> None:
-        pass
-
-    def resume(self, tps) -> None:
-        pass
-
-    def consumer_group_metadata(self) -> object:
-        return GROUP_METADATA

@@ -31,6 +31,7 @@ from pipeline.supervisor import (
     worker_env,
     worker_settings,
 )
+from tests.fakes import FakeClock
 from tests.support import eventually
 
 
@@ -50,16 +51,8 @@ class FakeProcess:
         self.signals.append(sig)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def supervised(count: int = 2) -> tuple[Supervisor, Clock, list[FakeProcess]]:
-    clock, spawned = Clock(), []
+def supervised(count: int = 2) -> tuple[Supervisor, FakeClock, list[FakeProcess]]:
+    clock, spawned = FakeClock(0.0), []
 
     def spawn(command: list[str], env: dict[str, str], payload: bytes) -> FakeProcess:
         spawned.append(FakeProcess(command, env, payload))
