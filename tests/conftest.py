@@ -1,5 +1,6 @@
 """Real servers for the tests: `KAFKA_BOOTSTRAP_SERVERS` if set, else testcontainers when a Docker engine answers,
-else the project's own local broker (deploy/local/kafka.sh). One broker per test session; unique topics per test."""
+else the project's own local broker (deploy/local/kafka.sh). One broker per test session; unique topics per test.
+Every test that needs a server is marked `kafka` (tests/plugins/servers.py): `pytest -m "not kafka"` needs none."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.support import docker_available, eventually
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
 
-pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark"]
+pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark", "tests.plugins.servers"]
 
 
 def _kafka_sh(*args: str) -> str:
