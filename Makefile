@@ -17,6 +17,11 @@ test: setup
 	.venv/bin/lint-imports
 	tests/run.sh $(PYTEST_ARGS)
 
+# The tests that need no server (every one not marked kafka, tests/plugins/servers.py): seconds, nothing started,
+# no java needed; only .venv (make setup).
+test-fast:
+	.venv/bin/pytest -m "not kafka" $(PYTEST_ARGS)
+
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
