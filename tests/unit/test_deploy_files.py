@@ -216,3 +216,10 @@ def test_alerts_and_dashboard_use_exported_metrics() -> None:
     ):
         assert metric in promql_metric_names(" ".join(alerts.values())), metric
     assert 'pipeline_transactions_total{outcome="aborted"}' in " ".join(alerts.values())
+
+
+def test_every_phony_name_of_the_makefile_is_a_target() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    [phony] = re.findall(r"^\.PHONY:(.*)$", makefile, re.MULTILINE)
+    targets = set(re.findall(r"^([\w-]+):", makefile, re.MULTILINE))
+    assert set(phony.split()) - targets == set()
