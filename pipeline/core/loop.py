@@ -16,6 +16,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.core.lifecycle import Lifecycle, Phase
+from pipeline.core.schedule import Schedule
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings
@@ -46,6 +47,9 @@ class PollLoop:
         self.settings = settings
         self.metrics = Metrics()
         self.consumer = None
+        # Told by the tasks when a batch opens and when a partition waits for a seek or a restore step: the loop
+        # never asks every partition every turn (pipeline/core/schedule.py).
+        self.schedule = Schedule(settings.commit_interval_ms, settings.commit_max_records)
         self._stop = threading.Event()
         self._next_gauge_update = 0.0
 
@@ -119,21 +123,17 @@ class PollLoop:
         return [first, *self.input.consume(rest, 0)] if rest else [first]
 
     def _next_commit_deadline(self) -> float | None:
-        deadlines = [
-            deadline
-            for owned in self._owned_partitions().values()
-            if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None
-        ]
-        return min(deadlines, default=None)
+        return self.schedule.deadline()
 
     def _to_commit(self, now: float) -> list[int]:
         """The partitions to commit now: once one partition's transaction is due, every open one commits with it
         (in parallel). The loop then pauses once per commit interval instead of once per partition, and the
         partitions stay in step (as Kafka Streams commits all its tasks together); each still commits within
-        COMMIT_INTERVAL_MS."""
-        due = self._next_commit_deadline()
+        COMMIT_INTERVAL_MS. The schedule starts over: the caller commits (or aborts) every one of them."""
+        due = self.schedule.deadline()
         if due is None or now < due:
             return []
+        self.schedule.restart()
         return [
             p
             for p, owned in self._owned_partitions().items()

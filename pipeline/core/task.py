@@ -22,6 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from pipeline.app import App
 from pipeline.core.lifecycle import Lifecycle, Phase, commit_deadline
 from pipeline.core.processing import Attempts
+from pipeline.core.schedule import Schedule
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
@@ -32,9 +33,19 @@ log = logging.getLogger(__name__)
 
 class Task(Lifecycle):
     def __init__(
-        self, app: App, settings: Settings, metrics: Metrics, input_topic: str, partition: int, attempts: Attempts
+        self,
+        app: App,
+        settings: Settings,
+        metrics: Metrics,
+        input_topic: str,
+        partition: int,
+        attempts: Attempts,
+        schedule: Schedule | None = None,
     ) -> None:
         super().__init__()
+        # The loop's (pipeline/core/schedule.py): told when a batch opens or fills and when p changes phase. None: a
+        # task outside a loop (tests, tools), with one of its own.
+        self.schedule = schedule or Schedule(settings.commit_interval_ms, settings.commit_max_records)
         self.app, self.settings, self.metrics = app, settings, metrics
         self.input_topic = input_topic
         self.partition = partition
@@ -52,6 +63,10 @@ class Task(Lifecycle):
         self._records_in = metrics.records_in.labels(self.label)  # labels() is slow: resolved once
         self._records_out = metrics.records_out.labels(self.label)
         self._attempts = attempts
+
+    def _transition(self, to: Phase) -> None:
+        super()._transition(to)
+        self.schedule.moved(self)
 
     # -- position -------------------------------------------------------------------------------------------------
     def start(self, committed_offset: int | None, restore: bool) -> None:
@@ -83,6 +98,7 @@ class Task(Lifecycle):
     def open_batch(self) -> None:
         self.batch_open = True
         self._batch_started = time.monotonic()
+        self.schedule.opened(self._batch_started)
         self.batch_records = 0
         self._batch_first_timestamp = self._batch_last_timestamp = 0
 
@@ -98,6 +114,8 @@ class Task(Lifecycle):
         if processed:
             self._batch_first_timestamp = self._batch_first_timestamp or messages[0].timestamp()[1]
             self._batch_last_timestamp = last.timestamp()[1]
+            if self.batch_records >= self.settings.commit_max_records:
+                self.schedule.filled()
         self._records_in.inc(processed)
         self._records_out.inc(produced)
 

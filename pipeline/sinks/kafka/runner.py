@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import (
@@ -186,7 +187,8 @@ class KafkaRunner(PollLoop):
 
     @ctx.setter
     def ctx(self, ctx: KafkaTaskContext) -> None:
-        self._ctx = ctx
+        """With this loop's schedule, whoever made it: a task told another schedule would never be committed."""
+        self._ctx = ctx if ctx.schedule is self.schedule else replace(ctx, schedule=self.schedule)
 
     # -- clients and transactions ------------------------------------------------------------------------------------
     def _make_producer(self, txn_id: str | None) -> Producer:
@@ -238,6 +240,7 @@ class KafkaRunner(PollLoop):
             self.dead_letter_topic,
             self.input,
             self.metrics,
+            schedule=self.schedule,
         )
         if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
             takeover.fence([self._process_transaction()], self.settings)
@@ -270,8 +273,8 @@ class KafkaRunner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        rewinding = any(t.phase is Phase.REWINDING or t.holding for t in self.tasks.values())
-        busy = self.restores.busy or rewinding
+        holding = self.app.timed and any(t.holding for t in self.tasks.values())  # timers walk them every turn anyway
+        busy = self.restores.busy or bool(self._seeking()) or holding
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         self._dispatch(messages)
         self._tick_timers()
@@ -359,10 +362,13 @@ class KafkaRunner(PollLoop):
             self._pause(task.partition)
             self._dropped_at[task.partition] = time.monotonic()
 
+    def _seeking(self) -> list[KafkaTask]:
+        """The tasks waiting for their seek back (REWINDING): the schedule knows them, no partition is asked."""
+        return self.schedule.waiting((Phase.REWINDING,), self.tasks)
+
     def _retry_rewinds_and_drops(self) -> None:
-        for task in list(self.tasks.values()):
-            if task.phase is Phase.REWINDING:
-                task.try_seek_back(self.input)
+        for task in self._seeking():
+            task.try_seek_back(self.input)
         now = time.monotonic()
         for p, dropped_at in list(self._dropped_at.items()):
             if now - dropped_at < REFENCE_AFTER_S:

@@ -35,6 +35,7 @@ from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
 from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
@@ -67,6 +68,7 @@ class KafkaTaskContext:
     consumer: Consumer
     metrics: Metrics
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
+    schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
 
 
 class KafkaTask(Task):
@@ -74,7 +76,7 @@ class KafkaTask(Task):
         s, metrics = ctx.settings, ctx.metrics
         # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
         attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters, time.sleep)
-        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts, ctx.schedule)
         self.ctx = ctx
         self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
         self.producer = txn.producer

@@ -45,6 +45,7 @@ from psycopg import sql
 from pipeline.app import App, Output
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.processing import Attempts, record_from_message
+from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
@@ -78,6 +79,7 @@ class PostgresTaskContext:
     metrics: Metrics
     owner: str  # written to the offsets row: who holds the epoch (host, pid, client id)
     pool_wait_s: float = 5.0
+    schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
 
     @property
     def target(self) -> Target:
@@ -91,7 +93,7 @@ class PostgresTask(Task):
     def __init__(self, ctx: PostgresTaskContext, partition: int) -> None:
         s, metrics = ctx.settings, ctx.metrics
         attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters)
-        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts, ctx.schedule)
         self.ctx = ctx
         self.epoch: int | None = None
         self.restored_keys = 0
