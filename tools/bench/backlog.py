@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from psycopg import sql
 
 from pipeline.settings import PER_PARTITION, PER_PROCESS
@@ -122,9 +122,14 @@ class Progress:
         self.first_seen: float | None = None
         self.cpu_at_first: float | None = None
         self.first_count = 0
+        self._last = 0
 
     def __call__(self) -> int:
-        total = self._committed()
+        try:
+            total = self._last = self._committed()
+        except (KafkaException, psycopg.Error) as e:  # a sample lost on a loaded machine: the next one will do
+            print(f"progress not read ({e}); reading again", file=sys.stderr, flush=True)
+            return self._last
         if total and self.first_seen is None:
             self.first_seen, self.cpu_at_first, self.first_count = time.monotonic(), cpu_seconds(self._pid), total
         return total
