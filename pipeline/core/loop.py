@@ -184,10 +184,14 @@ class PollLoop:
         """Resumes partitions just assigned (or taken over while assigned). librdkafka keeps a pause across
         unassign/assign: without this a partition paused by a drop (fenced) and then lost or taken over again stayed
         paused for good (seen in a chaos zombie run)."""
-        self.input.resume([TopicPartition(self.input_topic, p) for p in partitions])
+        self.input.resume([tp for p in partitions for tp in self._topic_partitions(p)])
 
     def _pause(self, p: int) -> None:
-        self.input.pause([TopicPartition(self.input_topic, p)])
+        self.input.pause(self._topic_partitions(p))
+
+    def _topic_partitions(self, p: int) -> list[TopicPartition]:
+        """Every partition the task of p reads: partition p of the input (a runner with several inputs adds theirs)."""
+        return [TopicPartition(self.input_topic, p)]
 
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
         """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process

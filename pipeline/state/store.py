@@ -12,6 +12,7 @@ Two undo logs hold the value each touched key had before:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from types import MappingProxyType
 from typing import Any
 
 from pipeline.serde import JSON, Serde
@@ -20,6 +21,9 @@ _MISSING = object()
 
 
 class PartitionState(MutableMapping[str, Any]):
+    # What `process` reads of the App's tables (docs/inputs.md): name -> a read-only mapping. The runner sets them.
+    tables: Mapping[str, Mapping[Any, Any]] = MappingProxyType({})
+
     def __init__(self, serde: Serde = JSON) -> None:
         self._serde = serde
         self._data: dict[str, bytes] = {}

@@ -61,7 +61,7 @@ def zombie_with_pending_offsets(runner: KafkaRunner, config: settings.Settings) 
         records += [m for m in consumer.consume(RECORDS, 1.0) if not m.error()]
     assert len(records) == RECORDS
     task.process(records)
-    offsets = [task.prepare_commit()]
+    offsets = task.prepare_commit()
     txn.call(producer.send_offsets_to_transaction, offsets, consumer.consumer_group_metadata(), 10)
     consumer.close()  # leaves the group: p0 goes to the next member, the transaction stays open
     return Zombie(task, consumer)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -67,6 +67,7 @@ class KafkaTaskContext:
     consumer: Consumer
     metrics: Metrics
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
+    global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
 
 
 class KafkaTask(Task):
@@ -79,6 +80,7 @@ class KafkaTask(Task):
         self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
         self.producer = txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
+        self.state.tables = self.table_views()
         self._staged = 0  # transactions p staged work in; the checkpoint of the n-th one is reported by delivery
         self._committed_txn = 0  # ... and the last of them that committed
         # For a snapshot on shutdown: what the state is a fold of. Set when the restore ends (restored()), then
@@ -100,12 +102,22 @@ class KafkaTask(Task):
     def start(self, committed_offset: int | None, restore: bool | None = None) -> None:
         super().start(committed_offset, self.app.stateful if restore is None else restore)
 
+    def start_all(self, committed: Mapping[str, int | None], restore: bool) -> None:
+        """The group's committed offset of each topic p reads (a one-input App: its input) becomes its position."""
+        self.start(committed[self.input_topic], restore)
+
     def restored(self, state: PartitionState, snapshot_base: Manifest | None = None, end: int | None = None) -> None:
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
         started from (None: the whole changelog), `end` the changelog offset it covers up to. Timers are queued and
         older state versions migrated here; state of a newer version refuses (StateVersionError)."""
-        super().restored(restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock))
+        state = restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock)
+        state.tables = self.table_views()
+        super().restored(state)
         self.snapshot_base, self.changelog_end = snapshot_base, end
+
+    def table_views(self) -> dict[str, Mapping[Any, Any]]:
+        """The tables `process` reads through `state.tables` (a one-input App's: the global ones)."""
+        return dict(self.ctx.global_tables)
 
     # -- 2. process ----------------------------------------------------------------------------------------------------
     def process(self, messages: list[Consumed]) -> None:
@@ -236,17 +248,22 @@ class KafkaTask(Task):
         self.open_batch()
 
     # -- 3. the runner's commit (docs/guarantees.md: one-transaction) --------------------------------------------------
-    def prepare_commit(self) -> TopicPartition | None:
+    def prepare_commit(self) -> list[TopicPartition]:
         """Step 1: p's state changes and a checkpoint into p's changelog partition; p's next offset for step 2. None
-        when p has no position yet: its first record ever stopped p (ON_POISON=stop), so nothing of p was consumed
+        of it when p has no position yet: its first record ever stopped p (ON_POISON=stop), so nothing of p was consumed
         and there is nothing of p to commit."""
         if self.next_offset is None:
-            return None
+            return []
+        self._stage_changelog(Checkpoint(self.input_topic, self.partition, self.next_offset))
+        self._staged += 1
+        return [TopicPartition(self.input_topic, self.partition, self.next_offset)]
+
+    def _stage_changelog(self, checkpoint: Checkpoint) -> None:
+        """p's state changes, then the checkpoint, into p's changelog partition (a stateful App only)."""
         if self.app.stateful:
             topic, p = self.ctx.changelog_topic, self.partition
             for key, value in self.state.changes():
                 self._produce(topic, key.encode(), value, p, [])
-            checkpoint = Checkpoint(self.input_topic, p, self.next_offset)
             self._produce(
                 topic,
                 CHECKPOINT_KEY,
@@ -255,8 +272,6 @@ class KafkaTask(Task):
                 [CHECKPOINT_HEADER],
                 on_delivery=self._checkpoint_delivered(self._staged + 1),
             )
-        self._staged += 1
-        return TopicPartition(self.input_topic, self.partition, self.next_offset)
 
     def committed(self) -> None:
         """Step 4: the transaction is committed; p's committed offset and state move forward."""

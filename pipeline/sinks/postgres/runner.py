@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
+from pipeline.core.configure import configured
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.core.processing import PoisonRecordStop
@@ -97,10 +98,15 @@ class PostgresRunner(PollLoop):
                 f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
                 "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
             )
+        if app.multi_input or app.global_tables:  # docs/inputs.md
+            raise ConfigError(
+                f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
+                "SINK=postgres cannot run this App"
+            )
         super().__init__(settings)
-        self.app = app
+        self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name
-        self.input_topic = settings.input_topic or app.input_topic
+        self.input_topic = app.input_topic
         self.sink = sink_of(app)
         self.db_errors = Counter(
             "pipeline_postgres_errors",

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from pipeline.core.provenance import decode_source
 
-Coord = tuple[int, int]  # (input partition, input offset)
+# (input partition, input offset), and for an App with several inputs (docs/inputs.md) the index of the input when it
+# is not the first: (partition, offset, index).
+Coord = tuple[int, int] | tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,8 +89,9 @@ class Verdict:
 
 
 def coord_name(coord: Coord) -> str:
-    """An input coordinate as problems name it: "partition:offset"."""
-    return f"{coord[0]}:{coord[1]}"
+    """An input coordinate as problems name it: "partition:offset", "partition:offset/input" for a record of another
+    than the first input."""
+    return f"{coord[0]}:{coord[1]}" + (f"/{coord[2]}" if len(coord) > 2 else "")
 
 
 def clip(data: object, limit: int = 60) -> str:
