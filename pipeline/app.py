@@ -69,6 +69,27 @@ class Output(NamedTuple):
     headers: Sequence[tuple[str, bytes]] = ()
 
 
+class _DeadLetters:
+    """The topic of an output that dead-letters a record held earlier (`dead_letter`)."""
+
+    def __repr__(self) -> str:
+        return "DEAD_LETTERS"
+
+
+DEAD_LETTERS: Any = _DeadLetters()
+HELD_HEADER = "eos.held"  # on such an output: where the held record came from and why it is dead-lettered
+
+
+def dead_letter(record: Record, error_type: str, message: str = "") -> Output:
+    """An output that sends `record` to the dead-letter topic, with `error_type`, in this transaction: a record that
+    `process` received earlier and held in its state, not the one it is processing now (raise Reject for that). E.g.
+    a fill that waited for its order and turns out to overfill it. Keep the held record in state as its fields
+    (`list(record)`; `Record(*fields)` gives it back); its key and value are written with its input's serdes."""
+    where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+    meta = JSON.serialize({**where, "error_type": error_type, "message": message or error_type})
+    return Output(value=record.value, key=record.key, topic=DEAD_LETTERS, headers=((HELD_HEADER, meta or b""),))
+
+
 Process = Callable[[State, Record], Iterable[Output]]
 OnTimer = Callable[[State, Timer], Iterable[Output]]
 Migrate = Callable[[int, Any], Any]  # (the version a state value was written at, the value) -> the current value
@@ -126,6 +147,9 @@ class App:
     state_version: int = 1  # the shape of the state values; raise it when it changes, with a migrate
     migrate: Migrate | None = None  # (version the value was written at, value) -> the value at state_version
     # Several co-partitioned input streams (a topic name means a Stream with this App's key and value serdes).
+    # Checks of the App's own properties over a finished run (pipeline verify, chaos, the driver's verify): called
+    # with the run's pipeline.testing.oracle.RunData, returns problems ("where: what"). Optional.
+    check: Callable[[Any], Iterable[str]] | None = None
     inputs: Sequence[Stream | str] = ()
     tables: Mapping[str, Table | str] = field(default_factory=dict)  # co-partitioned tables, by name
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole

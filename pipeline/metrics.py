@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
@@ -150,11 +150,15 @@ class Metrics:
         if last_timestamp_ms > 0:
             self._end_to_end_last.observe(max(0.0, now_ms - last_timestamp_ms) / 1000)
 
-    def forget_partition(self, partition: int) -> None:
-        """Drops the per-partition gauges of a partition this process no longer owns (its new owner reports them)."""
+    def forget_partition(self, partition: int, topics: Sequence[str] = ()) -> None:
+        """Drops the per-partition gauges of a partition this process no longer owns (its new owner reports them);
+        `topics`: every topic its task read."""
         for gauge in (self.lag, self.restore_seconds):
             with contextlib.suppress(KeyError):
                 gauge.remove(str(partition))
+        for topic in topics:
+            with contextlib.suppress(KeyError):
+                self.input_lag.remove(topic, str(partition))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

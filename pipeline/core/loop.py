@@ -97,11 +97,23 @@ class PollLoop:
         self._next_gauge_update = now + 1.0
         self.metrics.ready.set(1 if self.is_ready() else 0)
         for p, owned in self._owned_partitions().items():
-            if owned.phase is Phase.RUNNING and owned.next_offset is not None:
+            if owned.phase is not Phase.RUNNING:
+                continue
+            for topic, position in self._positions(owned).items():
+                if position is None:
+                    continue
                 # Cached from fetch responses: no request to the broker.
-                _, high = self.input.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                _, high = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
                 if high >= 0:
-                    self.metrics.lag.labels(str(p)).set(max(0, high - owned.next_offset))
+                    lag = max(0, high - position)
+                    self.metrics.input_lag.labels(topic, str(p)).set(lag)
+                    if topic == self.input_topic:
+                        self.metrics.lag.labels(str(p)).set(lag)
+
+    def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
+        """topic -> the next offset to process, of every topic the owner of p reads (the Kafka runner's tasks of an
+        App with several inputs read more than the input)."""
+        return {self.input_topic: owned.next_offset}
 
     def _poll(self, longest_wait_s: float) -> list[Message]:
         """Records as soon as there are any: waits for the first one, at most `longest_wait_s` and never past the

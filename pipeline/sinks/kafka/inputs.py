@@ -33,7 +33,6 @@ from pipeline.serde import skip_bytes_deserialize
 from pipeline.sinks.kafka.task import Encoded, KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state.changelog import Checkpoint
-from pipeline.state.table_restore import TableRestore
 from pipeline.state.tables import TableStore
 
 
@@ -66,13 +65,13 @@ class MultiInputTask(KafkaTask):
         self.committed_offsets, self.next_offsets = dict(committed), dict(committed)
         super().start(committed[self.input_topic], restore)
 
-    def tables_restored(self, restore: TableRestore) -> None:
-        """The tables as their restore left them: each is read on from where it ended (the end of its topic when the
-        restore began), which may be past the committed offset (pipeline/state/table_restore.py)."""
-        for spec_name, store in restore.stores.items():
-            topic = self.ctx.app.table_specs[spec_name].topic
-            self.tables[topic] = store
-        for topic, position in restore.positions.items():
+    def tables_restored(self, stores: Mapping[str, TableStore], positions: Mapping[str, int]) -> None:
+        """The tables as their restore left them (name -> store), each read on from where its restore ended (topic ->
+        offset: the end of its topic when the restore began), which may be past the committed offset
+        (pipeline/state/table_restore.py)."""
+        for name, store in stores.items():
+            self.tables[self.ctx.app.table_specs[name].topic] = store
+        for topic, position in positions.items():
             self.committed_offsets[topic] = self.next_offsets[topic] = position
         self.state.tables = self.table_views()
 

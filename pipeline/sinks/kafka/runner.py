@@ -406,6 +406,6 @@ class KafkaRunner(TakeOver, PollLoop):
         task = self.tasks.pop(p, None)
         if task is not None:
             close_task(task, self.input, commit)
-            self.metrics.forget_partition(p)
+            self.metrics.forget_partition(p, self.topics)
         if len(self.topics) > 1:  # the group unassigns the first input's partition; the runner assigned the others
             self.input.incremental_unassign([TopicPartition(t, p) for t in self.topics[1:]])

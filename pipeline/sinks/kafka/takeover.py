@@ -14,7 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaExc
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
-from pipeline.core.lifecycle import Phase
+from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.errors import kafka_error
@@ -232,7 +232,7 @@ class TakeOver:
         else:
             task.restored(restore.state, restore.snapshot, restore.end)
             if restore.tables is not None and isinstance(task, MultiInputTask):
-                task.tables_restored(restore.tables)
+                task.tables_restored(restore.tables.stores, restore.tables.positions)
             self.metrics.observe_restore(p, restore.seconds, restore.records, restore.snapshot_entries)
             log.info("%s", restore.summary())
         task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
@@ -240,6 +240,11 @@ class TakeOver:
 
     def _owned_partitions(self) -> dict[int, KafkaTask]:
         return self.tasks
+
+    def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
+        if isinstance(owned, MultiInputTask):
+            return dict(owned.next_offsets)
+        return {self.input_topic: owned.next_offset}
 
     def _topic_partitions(self, p: int) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t in self.topics]

@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from pipeline.app import App, Output, Record
+from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message
@@ -40,7 +40,7 @@ from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.serde import JSON, identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state import PartitionState
@@ -174,28 +174,48 @@ class KafkaTask(Task):
         self.producer.poll(0)
 
     def _encoder(self) -> Callable[[Output], Encoded]:
-        """Output -> (topic, key bytes, value bytes, partition or -1, headers)."""
-        app, output_topic = self.app, self.ctx.output_topic
-        encode_key, encode_value = (
-            skip_bytes_serialize(app.output_key_serde),
-            skip_bytes_serialize(app.output_value_serde),
-        )
+        """Output -> (topic, key bytes, value bytes, partition or -1, headers); an output that dead-letters a held
+        record (app.dead_letter) -> the dead letter."""
+        app, output_topic, held = self.app, self.ctx.output_topic, self._held_dead_letter
+        encode_key = skip_bytes_serialize(app.output_key_serde)
+        encode_value = skip_bytes_serialize(app.output_value_serde)
         if encode_key is None and encode_value is None:
             return lambda o: (
-                o.topic or output_topic,
-                o.key,
-                o.value,
-                -1 if o.partition is None else o.partition,
-                o.headers,
+                held(o)
+                if o.topic is DEAD_LETTERS
+                else (o.topic or output_topic, o.key, o.value, -1 if o.partition is None else o.partition, o.headers)
             )
         key_of, value_of = encode_key or identity, encode_value or identity
         return lambda o: (
-            o.topic or output_topic,
-            key_of(o.key),
-            value_of(o.value),
-            -1 if o.partition is None else o.partition,
-            o.headers,
+            held(o)
+            if o.topic is DEAD_LETTERS
+            else (
+                o.topic or output_topic,
+                key_of(o.key),
+                value_of(o.value),
+                -1 if o.partition is None else o.partition,
+                o.headers,
+            )
         )
+
+    def _held_dead_letter(self, output: Output) -> Encoded:
+        """The dead letter of a record `process` held earlier (app.dead_letter): its bytes as its input's serdes
+        write them, the dead-letter headers naming its own coordinates."""
+        meta = JSON.deserialize(dict(output.headers)[HELD_HEADER])
+        stream = self.app.stream(meta["topic"])
+        letter = DeadLetter(
+            meta["topic"],
+            meta["partition"],
+            meta["offset"],
+            stream.key_serde.serialize(output.key),
+            stream.value_serde.serialize(output.value),
+            meta["error_type"],
+            meta["message"],
+            1,
+            rejected=True,
+        )
+        self.metrics.dead_letters.inc()
+        return (self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
 
     def _retry(self, msg: Consumed, error: Exception) -> list[Encoded] | None:
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter goes
