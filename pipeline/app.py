@@ -103,11 +103,17 @@ CLOCKS = ("stream", "wall")
 
 @dataclass(frozen=True)
 class Stream:
-    """An input stream: a topic whose records `process` gets one at a time, decoded with these serdes."""
+    """An input stream: a topic whose records `process` gets one at a time, decoded with these serdes. `record.topic`
+    is the topic's name as the App declares it, also where TOPIC_SUFFIX renamed it (`name`)."""
 
     topic: str
     key_serde: Serde = STRING
     value_serde: Serde = JSON
+    name: str = ""  # the topic as the App declares it (default: `topic`); what `record.topic` says
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.topic)
 
 
 @dataclass(frozen=True)
@@ -222,9 +228,12 @@ class App:
         return len(self.co_partitioned) > 1
 
     def stream(self, topic: str) -> Stream:
-        """The input stream of `topic` (KeyError for any other topic)."""
+        """The input stream read from `topic`, or declared as `topic` (KeyError for any other topic)."""
         for s in self.streams:
             if s.topic == topic:
+                return s
+        for s in self.streams:
+            if s.name == topic:
                 return s
         raise KeyError(topic)
 
@@ -254,7 +263,7 @@ class App:
         return Record(
             stream.key_serde.deserialize(key),
             stream.value_serde.deserialize(value),
-            topic,
+            stream.name,
             partition,
             offset,
             timestamp_ms,
@@ -263,7 +272,7 @@ class App:
 
     def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
         """A copy reading its (first) input from and writing to other topics (tests and the chaos runner use it)."""
-        first = replace(self.streams[0], topic=input_topic or self.input_topic)
+        first = replace(self.streams[0], topic=input_topic or self.input_topic, name=self.streams[0].name)
         return replace(
             self, input_topic="", inputs=(first, *self.streams[1:]), output_topic=output_topic or self.output_topic
         )

@@ -17,7 +17,6 @@ Timers are not supported with several inputs yet (App refuses them).
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -47,12 +46,14 @@ class MultiInputTask(KafkaTask):
         self._decoders = {
             s.topic: (skip_bytes_deserialize(s.key_serde), skip_bytes_deserialize(s.value_serde)) for s in app.streams
         }
+        self._names = {s.topic: s.name for s in app.streams}  # record.topic: as the App declares the input
         self.committed_offsets: dict[str, int | None] = dict.fromkeys(self.topics)  # per topic of p
         self.next_offsets: dict[str, int | None] = dict.fromkeys(self.topics)
         self._queues: dict[str, deque[Consumed]] = {topic: deque() for topic in self.topics}
         self._empty_since = dict.fromkeys(self.topics, time.monotonic())
         # Tables first on equal timestamps: a stream record sees the table as of its own time, inclusive.
         self._merge_order = sorted(self.topics, key=lambda t: (t not in self.tables, self._index[t]))
+        self._rank = {topic: i for i, topic in enumerate(self._merge_order)}
         self._runs: list[list[int]] = []  # [input index, count] of the open transaction, in the order taken
         self._idle_s = self.settings.max_task_idle_ms / 1000
 
@@ -115,27 +116,28 @@ class MultiInputTask(KafkaTask):
             self._process_merged(merged)
 
     def _next_run(self) -> list[Consumed]:
-        """The records that can be taken now, merged by timestamp: every queue holding records gives those up to the
-        earliest of their last timestamps (beyond it, a queue that runs dry could still bring an earlier one)."""
-        now = time.monotonic()
+        """The records that can be taken now, in order: again and again the queue whose head has the smallest timestamp
+        (ties: the merge order) gives its records up to the next smallest head; until a queue runs dry (the next call
+        decides whether to wait for it) or none holds records."""
+        now, queues, rank = time.monotonic(), self._queues, self._rank
         ready = []
         for topic in self._merge_order:
-            if self._queues[topic]:
+            if queues[topic]:
                 ready.append(topic)
             elif self._must_wait(topic, now):
                 return []
-        if not ready:
-            return []
-        horizon = min(self._queues[topic][-1].timestamp()[1] for topic in ready)
-        runs = []
-        for topic in ready:
-            queue, run = self._queues[topic], []
-            while queue and queue[0].timestamp()[1] <= horizon:
-                run.append(queue.popleft())
-            runs.append(run)
+        taken: list[Consumed] = []
+        while ready:
+            keys = {t: (queues[t][0].timestamp()[1], rank[t]) for t in ready}
+            best = min(ready, key=keys.__getitem__)
+            bound = min((keys[t] for t in ready if t != best), default=None)
+            queue = queues[best]
+            while queue and (bound is None or (queue[0].timestamp()[1], rank[best]) < bound):
+                taken.append(queue.popleft())
             if not queue:
-                self._empty_since[topic] = now  # ran dry now: a wait for it starts now
-        return list(heapq.merge(*runs, key=lambda m: m.timestamp()[1]))
+                self._empty_since[best] = now  # ran dry now: a wait for it starts now
+                break
+        return taken
 
     def _must_wait(self, topic: str, now: float) -> bool:
         """Whether an empty queue holds the others back: its topic has records on the broker not fetched yet (or its
@@ -185,7 +187,8 @@ class MultiInputTask(KafkaTask):
         try:
             key = msg.key() if decode_key is None else decode_key(msg.key())
             value = msg.value() if decode_value is None else decode_value(msg.value())
-            record = Record(key, value, topic, self.partition, offset, msg.timestamp()[1], msg.headers() or ())
+            name = self._names[topic]
+            record = Record(key, value, name, self.partition, offset, msg.timestamp()[1], msg.headers() or ())
             return [self._encode(o) for o in self.app.process(state, record)]
         except Exception as error:  # from decoding or from user code: poison until proven otherwise
             return self._retry(msg, error)

@@ -127,6 +127,7 @@ class KafkaTask(Task):
             self._timers.held.extend(messages)
             return
         app, state, partition, timers = self.app, self.state, self.partition, self._timers
+        name = app.streams[0].name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
         decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
         encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
@@ -150,7 +151,7 @@ class KafkaTask(Task):
                 # (copier ~8 % slower, measured); a retry (pipeline/core/processing.py) decodes through App.decode.
                 key = msg.key() if decode_key is None else decode_key(msg.key())
                 value = msg.value() if decode_value is None else decode_value(msg.value())
-                record = Record(key, value, msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
+                record = Record(key, value, name, partition, offset, msg.timestamp()[1], msg.headers() or ())
                 # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
                 outputs = [encode(o) for o in user_process(state, record)]
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
@@ -202,9 +203,9 @@ class KafkaTask(Task):
         """The dead letter of a record `process` held earlier (app.dead_letter): its bytes as its input's serdes
         write them, the dead-letter headers naming its own coordinates."""
         meta = JSON.deserialize(dict(output.headers)[HELD_HEADER])
-        stream = self.app.stream(meta["topic"])
+        stream = self.app.stream(meta["topic"])  # the held record says its input as the App declares it
         letter = DeadLetter(
-            meta["topic"],
+            stream.topic,
             meta["partition"],
             meta["offset"],
             stream.key_serde.serialize(output.key),

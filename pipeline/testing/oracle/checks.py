@@ -13,7 +13,7 @@ from pipeline.app import App
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.provenance import TIMER_HEADER, decode_timer
 from pipeline.state.changelog import is_checkpoint
-from pipeline.testing.oracle.inputs import GLOBAL_TABLE_NOTE, all_inputs, fold_several, topics_of
+from pipeline.testing.oracle.inputs import GLOBAL_TABLE_NOTE, all_inputs, by_declared_names, fold_several, topics_of
 from pipeline.testing.oracle.offsets import check_offsets, check_offsets_several
 from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
 from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
@@ -287,7 +287,7 @@ def check(app: App, run: RunData) -> Verdict:
     if run.changelog is not None:
         verdict.state = check_state(run.changelog, run.inputs.partitions, reference, app)
     verdict.offsets = check_offsets_several(run) if several else check_offsets(run)
-    for problem in app.check(run) if app.check is not None else ():
+    for problem in app.check(by_declared_names(app, run)) if app.check is not None else ():
         where, _, detail = problem.partition(": ")
         verdict.app.add(where, detail or where)
     verdict.notes = _notes(run, reference) + ([] if values else [GLOBAL_TABLE_NOTE])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Reject
 from pipeline.serde import JSON
@@ -133,7 +134,7 @@ def _fold_record(
         expected: list[ExpectedOutput] = []
         for out in outputs:
             if out.topic is DEAD_LETTERS:
-                _held_dead_letter(out.headers, run, reference)
+                _held_dead_letter(app, out.headers, run, reference)
             elif out.topic in (None, run.outputs.topic):
                 expected.append(encode_output(app, out))
     except Exception as e:
@@ -149,10 +150,10 @@ def _fold_record(
     )
 
 
-def _held_dead_letter(headers: Iterable[tuple[str, bytes]], run: RunData, reference: Reference) -> None:
+def _held_dead_letter(app: App, headers: Iterable[tuple[str, bytes]], run: RunData, reference: Reference) -> None:
     """An output that dead-letters a record held earlier (app.dead_letter): that record needs the dead letter."""
     meta = JSON.deserialize(dict(headers)[HELD_HEADER])
-    index = topics_of(run).index(meta["topic"])
+    index = topics_of(run).index(app.stream(meta["topic"]).topic)
     at: Coord = (meta["partition"], meta["offset"]) if index == 0 else (meta["partition"], meta["offset"], index)
     reference.failures[at] = f"held, then dead-lettered: {meta['message']}"
     reference.rejections[at] = meta["error_type"]
@@ -165,3 +166,10 @@ def global_views(app: App, run: RunData) -> Mapping[str, TableView]:
     for _, name, record in _global_updates(app, run):
         stores[name].load(record.key, record.value)
     return {name: store.view for name, store in stores.items()}
+
+
+def by_declared_names(app: App, run: RunData) -> RunData:
+    """The run with its other inputs keyed by the names the App declares them by (TOPIC_SUFFIX renames the topics
+    of a fault run): what an App's own check reads."""
+    names = {s.topic: s.name for s in app.streams}
+    return replace(run, more_inputs={names.get(topic, topic): dump for topic, dump in run.more_inputs.items()})
