@@ -25,7 +25,12 @@ from typing import Any, NamedTuple
 
 from pipeline.serde import JSON, STRING, Serde
 
-State = MutableMapping[str, Any]
+
+class State(MutableMapping[str, Any]):
+    """What `process` gets as `state`: the input partition's state, str keys to values the App's state serde encodes,
+    and `tables`, the App's tables by name (`state.tables["accounts"].get(key)`: read-only, key -> latest value)."""
+
+    tables: Mapping[str, Mapping[Any, Any]]
 
 
 class Record(NamedTuple):

@@ -136,7 +136,7 @@ def _order_records(rng: random.Random, order_id: str, account: str, partitions: 
     p, key = _partition(order_id, partitions), order_id.encode()
     qty = rng.randint(5, 50)
     order = (ORDERS, p, key, orjson.dumps({"account": account, "qty": qty}), ts)
-    fills: list[Generated] = []
+    fills: list[tuple[str, int, bytes, bytes, int]] = []
     left = qty + (rng.randint(1, 10) if rng.random() < 0.15 else 0)  # sometimes more than the order: an overfill
     number = 0
     while left > 0:
@@ -225,7 +225,7 @@ def _expected(run: RunData) -> tuple[dict[str, tuple[int, int]], set[str]]:
 
 
 def _desks_written(run: RunData, outputs: list[Any]) -> list[str]:
-    written = {(None, 0)}  # an account not (yet) in the table
+    written: set[tuple[str, Any, Any]] = set()
     for record in run.global_tables["accounts"].records:
         value = _json(record.value)
         if isinstance(value, dict):
@@ -233,13 +233,13 @@ def _desks_written(run: RunData, outputs: list[Any]) -> list[str]:
     return [
         f"fill {out['fill_id']}: desk {out['desk']!r} version {out['desk_version']} never written for {out['account']}"
         for out in outputs
-        if (out["desk"], out["desk_version"]) != (None, 0)
+        if (out["desk"], out["desk_version"]) != (None, 0)  # an account not (yet) in the table
         and (out["account"], out["desk"], out["desk_version"]) not in written
     ]
 
 
 def _versions_forward(run: RunData) -> list[str]:
-    problems, last = [], {}
+    problems, last = [], dict[tuple[int, str], int]()
     for record in sorted(run.outputs.records, key=lambda r: r.coord):
         out = _json(record.value)
         lane = (record.partition, out["account"])

@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import cast
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import Table
 from pipeline.kafka.offsets import ReadToEndTimeout, TailReader, high_watermarks, low_watermarks
+from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.state.tables import TableView
 
@@ -39,7 +41,7 @@ class GlobalTable:
         self.positions: dict[int, int] = {}  # partition -> next offset to read
         self.restored_records = 0
 
-    def apply(self, messages: list[Message]) -> None:
+    def apply(self, messages: list[Consumed]) -> None:
         data = self.data
         for m in messages:
             value = m.value()
@@ -47,7 +49,7 @@ class GlobalTable:
                 data.pop(m.key(), None)
             else:
                 data[m.key()] = value
-            self.positions[m.partition()] = m.offset() + 1  # type: ignore[operator]  # a record has an offset
+            self.positions[m.partition()] = m.offset() + 1
 
 
 class GlobalTables:
@@ -97,7 +99,7 @@ class GlobalTables:
         while not reader.done:
             if time.monotonic() > deadline:
                 raise ReadToEndTimeout(reader.topic, reader.stuck())
-            batch = reader.step()
+            batch = cast(list[Consumed], reader.step())  # a TailReader hands on records only
             table.apply(batch)
             table.restored_records += len(batch)
             if time.monotonic() >= report_at:
@@ -111,7 +113,7 @@ class GlobalTables:
         for table in self.tables.values():
             messages = [m for m in table.consumer.consume(max_records, 0) if m.error() is None]
             if messages:
-                table.apply(messages)
+                table.apply(cast(list[Consumed], messages))  # the errors dropped: records
                 applied += len(messages)
         return applied
 

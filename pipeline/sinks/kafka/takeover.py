@@ -210,12 +210,12 @@ class TakeOver:
         return committed_offsets(self.input, self.topics, partitions, self.settings)
 
     def _advance_restores(self) -> None:
-        for restore in self.restores.step():
-            if restore.partition in self._awaiting_globals:
-                targets, _ = self._awaiting_globals[restore.partition]
-                self._awaiting_globals[restore.partition] = (targets, restore)
+        for finished in self.restores.step():
+            if finished.partition in self._awaiting_globals:
+                targets, _ = self._awaiting_globals[finished.partition]
+                self._awaiting_globals[finished.partition] = (targets, finished)
             else:
-                self._restored(self.tasks[restore.partition], restore)
+                self._restored(self.tasks[finished.partition], finished)
         for p, (targets, restore) in list(self._awaiting_globals.items()):
             if (restore is not None or not self.app.stateful) and self._globals_reached(targets):
                 del self._awaiting_globals[p]
