@@ -184,8 +184,9 @@ class App:
             raise ValueError(f"state_version starts at 1, not {self.state_version}")
 
     def _normalise_inputs(self) -> None:
-        """`inputs` becomes a tuple of Streams (one, built from input_topic, for a one-input App) and input_topic its
-        first topic; tables become Tables."""
+        """`streams` are the inputs as Streams (one, built from input_topic, for a one-input App) and input_topic
+        their first topic; tables become Tables. `inputs` itself stays as given, so that replace(app, input_topic=...)
+        renames the input of a one-input App."""
         if self.process is _missing_process:
             raise ValueError(f"App {self.name!r}: process is missing")
         given = self.inputs or ((self.input_topic,) if self.input_topic else ())
@@ -204,7 +205,7 @@ class App:
         topics = [s.topic for s in streams] + [t.topic for t in (*tables.values(), *global_tables.values())]
         if len(set(topics)) != len(topics):
             raise ValueError(f"App {self.name!r}: a topic is named twice among inputs and tables: {topics}")
-        object.__setattr__(self, "inputs", streams)
+        object.__setattr__(self, "_streams", streams)
         object.__setattr__(self, "input_topic", streams[0].topic)
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "global_tables", global_tables)
@@ -212,7 +213,7 @@ class App:
     @property
     def streams(self) -> tuple[Stream, ...]:
         """The input streams, the first one's partitions assigned by the group (the others' go with them)."""
-        return self.inputs  # type: ignore[return-value]  # normalised to Streams by __post_init__
+        return self._streams  # type: ignore[no-any-return,attr-defined]  # set by __post_init__
 
     @property
     def co_partitioned(self) -> tuple[str, ...]:
