@@ -407,5 +407,8 @@ class KafkaRunner(TakeOver, PollLoop):
         if task is not None:
             close_task(task, self.input, commit)
             self.metrics.forget_partition(p, self.topics)
-        if len(self.topics) > 1:  # the group unassigns the first input's partition; the runner assigned the others
-            self.input.incremental_unassign([TopicPartition(t, p) for t in self.topics[1:]])
+        if len(self.topics) > 1:
+            # Every topic of p, the group's too: once a revoke callback unassigns anything itself, librdkafka leaves
+            # the rest to it. Unassigning only the companions left the first input's p assigned, and when the group
+            # handed p back the assign failed (_CONFLICT "already part of the current assignment"): a zombie run.
+            self.input.incremental_unassign(self._topic_partitions(p))
