@@ -69,9 +69,11 @@ class FaultRun:
         # An App with several inputs or tables keeps its topic names with a suffix (TOPIC_SUFFIX); one input: renamed.
         self.several = self.app.multi_input or bool(self.app.global_tables)
         self.suffix = f"-{suffix}" if self.several else ""
-        self.run_app = self.app.with_topic_suffix(self.suffix) if self.several else self.app
         if self.several:
+            self.run_app = self.app.with_topic_suffix(self.suffix)
             self.input_topic, self.output_topic = self.run_app.input_topic, self.run_app.output_topic
+        else:
+            self.run_app = self.app.with_topics(self.input_topic, self.output_topic)
         self._create_topics()
 
     def _create_topics(self) -> None:

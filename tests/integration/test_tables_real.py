@@ -44,7 +44,8 @@ def keyed(n: int, start: int = 0) -> list[tuple[int, bytes, bytes]]:
 
 def test_inputs_with_different_partition_counts_are_refused_naming_both(kafka_bootstrap):
     app, app_id = order_fills_app(kafka_bootstrap, {order_fills.FILLS: 3})
-    with pytest.raises(ConfigError, match=r"same partition count: 'order-fills-orders-\w+' has 2, 'order-fills-fills-\w+' has 3"):
+    counts = r"same partition count: 'order-fills-orders-\w+' has 2, 'order-fills-fills-\w+' has 3"
+    with pytest.raises(ConfigError, match=counts):
         runner_for(app, app_id, kafka_bootstrap).run()
 
 
@@ -115,4 +116,3 @@ def _read(reader: TailReader) -> list:
     while not reader.done:
         got += reader.step()
     return got
-

@@ -66,6 +66,9 @@ class MultiInputTask(KafkaTask):
         self.committed_offsets, self.next_offsets = dict(committed), dict(committed)
         super().start(committed[self.input_topic], restore)
 
+    def committed_offsets_by_topic(self) -> dict[str, int | None] | None:
+        return dict(self.committed_offsets)
+
     def tables_restored(self, stores: Mapping[str, TableStore], positions: Mapping[str, int]) -> None:
         """The tables as their restore left them (name -> store), each read on from where its restore ended (topic ->
         offset: the end of its topic when the restore began), which may be past the committed offset

@@ -30,7 +30,6 @@ from confluent_kafka import (
     KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 

@@ -306,6 +306,10 @@ class KafkaTask(Task):
 
         return delivered
 
+    def committed_offsets_by_topic(self) -> dict[str, int | None] | None:
+        """Every topic's committed offset, for an App with several inputs (a snapshot's manifest names them)."""
+        return None
+
     def snapshot_coverage(self) -> tuple[Manifest | None, int] | None:
         """For a full snapshot of the committed state (SNAPSHOT_ON_SHUTDOWN, pipeline/sinks/kafka/snapshot.py): the
         snapshot it was restored from and the changelog offset it covers up to; None when there is nothing new since

@@ -254,7 +254,7 @@ def compare_states(p: int, actual: dict[str, bytes], expected: dict[str, bytes],
 def check(app: App, run: RunData) -> Verdict:
     """All checks over what a run left behind. Pure: no Kafka."""
     verdict = Verdict(
-        inputs=len(run.inputs.records),
+        inputs=len(run.inputs.records) + sum(len(dump.records) for dump in run.more_inputs.values()),
         outputs=len(run.outputs.records),
         dead_letters=len(run.dead_letters.records),
         changelog_records=len(run.changelog.records) if run.changelog is not None else 0,
