@@ -16,6 +16,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.core.lifecycle import Lifecycle, Phase
+from pipeline.core.processing import PoisonRecordStop
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings
@@ -161,6 +162,9 @@ class PollLoop:
                 # (UNRELEASED_INSTANCE_ID) arrives so, and would run on outside the group, never restarted.
                 if error.fatal() or error.code() == KafkaError._FATAL:
                     raise FatalRunnerError(f"consumer: {error}")
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:  # auto.offset.reset=error (kafka/clients.py)
+                    self._input_records_deleted(m.topic(), m.partition(), error.str())
+                    continue
                 log.warning("consumer: %s", error)
                 continue
             batches[m.partition()].append(m)
@@ -208,12 +212,8 @@ class PollLoop:
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
         """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
         (the runner has committed what came before it)."""
-        log.error(
-            "p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was committed.",
-            owned.partition,
-            owned.next_offset,
-            error,
-        )
+        fix = getattr(error, "fix", PoisonRecordStop.fix)
+        log.error("p%d: STOPPED at offset %s: %s. %s", owned.partition, owned.next_offset, error, fix)
         owned.stop(str(error))
         self._pause(owned.partition)
 
@@ -226,6 +226,10 @@ class PollLoop:
         raise NotImplementedError
 
     def _loop_once(self) -> None:
+        raise NotImplementedError
+
+    def _input_records_deleted(self, topic: str, p: int, detail: str) -> None:
+        """p's position is below its topic's log start: p commits what it has and stops (InputRecordsDeleted)."""
         raise NotImplementedError
 
     def _shutdown(self) -> None:

@@ -81,7 +81,9 @@ class FaultRun:
             inputs.create_topics, self.bootstrap, replication=self.replication, extra_config=self.client_config
         )
         streams = [s.topic for s in self.run_app.streams]
-        create({topic: self.partitions for topic in [*streams, self.output_topic]})
+        # Kept whatever their timestamps: a generator's are fixed dates, and a broker restarted mid-run deleted
+        # such records by time (retention.ms) before the pipeline read them.
+        create({topic: self.partitions for topic in [*streams, self.output_topic]}, config={"retention.ms": "-1"})
         tables = [t.topic for t in (*self.run_app.table_specs.values(), *self.run_app.global_table_specs.values())]
         if tables:
             create({topic: self.partitions for topic in tables}, config={"cleanup.policy": "compact"})

@@ -38,7 +38,7 @@ from pipeline.core.configure import configured
 from pipeline.core.deadletter import dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.settings import PER_PROCESS, Settings
@@ -176,6 +176,7 @@ class KafkaRunner(TakeOver, PollLoop):
         )
         self.global_tables = self._global_tables() if app.global_tables else None
         self._awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]] = {}
+        self._deleted_before_start: dict[int, tuple[str, str]] = {}
         self._ctx: KafkaTaskContext | None = None
         self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
         self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
@@ -368,9 +369,25 @@ class KafkaRunner(TakeOver, PollLoop):
         except PartitionDropped as e:
             self._drop(task.txn, str(e))
         except PoisonRecordStop as e:
-            self._commit(task.txn)  # what came before the poison record is good: keep it
-            if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
-                self._stop_partition(task, e)
+            self._commit_then_stop(task, e)
+
+    def _commit_then_stop(self, task: KafkaTask, error: PoisonRecordStop) -> None:
+        self._commit(task.txn)  # what came before the poison record (or the deleted ones) is good: keep it
+        if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
+            self._stop_partition(task, error)
+
+    def _input_records_deleted(self, topic: str, p: int, detail: str) -> None:
+        task = self.tasks.get(p)
+        if task is not None and task.phase in (Phase.NEW, Phase.RESTORING):
+            # librdkafka checks the position as soon as p is assigned, paused or not, and says it once: p stops
+            # when its restore ends (without this, p ran on with a fetcher that never fetched again)
+            self._deleted_before_start[p] = (topic, detail)
+            return
+        if task is None or task.phase not in (Phase.RUNNING, Phase.REWINDING):
+            log.error("%s[%d]: position below the log start, p not running (%s)", topic, p, detail)
+            return
+        position = self._positions(task).get(topic)
+        self._commit_then_stop(task, InputRecordsDeleted(topic, p, position, self.app_id, detail))
 
     def _drop(self, txn: Transaction, reason: str) -> None:
         """Drops every task whose work went through `txn`'s producer, which can never commit again (one task; or,
@@ -402,6 +419,7 @@ class KafkaRunner(TakeOver, PollLoop):
         self.restores.forget(p)
         self._dropped_at.pop(p, None)
         self._awaiting_globals.pop(p, None)
+        self._deleted_before_start.pop(p, None)
         task = self.tasks.pop(p, None)
         if task is not None:
             close_task(task, self.input, commit)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
@@ -142,6 +142,7 @@ class TakeOver:
     restores: RestoreManager
     global_tables: GlobalTables | None
     _awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]]
+    _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
     _dropped_at: dict[int, float]
     _process_txn: Transaction | None
 
@@ -151,6 +152,8 @@ class TakeOver:
         def input(self) -> Consumer: ...
 
         def _commit(self, txn: Transaction) -> None: ...
+
+        def _input_records_deleted(self, topic: str, p: int, detail: str) -> None: ...
 
         def _new_task(self, p: int) -> KafkaTask: ...
 
@@ -178,7 +181,7 @@ class TakeOver:
                 self.input.seek(TopicPartition(t, p, OFFSET_BEGINNING if o is None else o))
         else:
             self.input.incremental_assign(
-                [TopicPartition(t, p, OFFSET_INVALID if o is None else o) for t, p, o in positions]
+                [TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for t, p, o in positions]
             )
         self._resume_assigned(partitions)
         targets = self.global_tables.targets() if self.global_tables is not None else None
@@ -235,6 +238,9 @@ class TakeOver:
                 task.tables_restored(restore.tables.stores, restore.tables.positions)
             self.metrics.observe_restore(p, restore.seconds, restore.records, restore.snapshot_entries)
             log.info("%s", restore.summary())
+        if (deleted := self._deleted_before_start.pop(p, None)) is not None:  # reported while p restored
+            self._input_records_deleted(deleted[0], p, deleted[1])  # p stops (paused), its position unusable
+            return
         task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
         self.input.resume(self._topic_partitions(p))
 
