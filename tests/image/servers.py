@@ -15,17 +15,18 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import docker
+import psycopg
 from confluent_kafka.admin import AdminClient
 from docker.errors import DockerException
 from testcontainers.community.postgres import PostgresContainer
 from testcontainers.core.config import ConnectionMode, testcontainers_config
 from testcontainers.core.container import DockerContainer
-from testcontainers.core.docker_client import DockerClient
+from testcontainers.core.docker_client import DockerClient, get_docker_host, is_podman
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +108,17 @@ def engine_on_this_machine() -> Iterator[None]:
         testcontainers_config.tc_host_override, testcontainers_config.connection_mode_override = saved
 
 
+def _engine(docker_host: str | None) -> AbstractContextManager[None]:
+    """The engine `docker_host` names is set up by the caller. The environment's (DOCKER_HOST, or docker-py's default
+    socket): podman's API on a unix socket, with no address set for testcontainers (TC_HOST,
+    TESTCONTAINERS_CONNECTION_MODE), is podman on this machine; testcontainers' own guess inside a container (its
+    gateway) is wrong for it, and looking that gateway up fails on podman's API."""
+    if docker_host or testcontainers_config.tc_host_override or testcontainers_config.connection_mode_override:
+        return nullcontext()
+    local_podman = (get_docker_host() or "unix://").startswith("unix://") and is_podman()
+    return engine_on_this_machine() if local_podman else nullcontext()
+
+
 def _client_kw(docker_host: str | None) -> dict[str, Any]:
     return {"environment": {"DOCKER_HOST": docker_host}} if docker_host else {}
 
@@ -143,6 +155,21 @@ def _address(container: DockerContainer, port: int) -> tuple[str, int]:
     return ("127.0.0.1" if host in LOOPBACK else host), container.get_exposed_port(port)
 
 
+def _failure(what: str, container: DockerContainer, exc: BaseException) -> RuntimeError:
+    """The error for a server that did not come up: the cause, where its clients looked for it, and its log."""
+    hint = ""
+    try:
+        host = container.get_container_host_ip()
+    except Exception:
+        host = "?"
+    if host not in LOOPBACK:
+        hint = (
+            f"\nclients look for its ports at {host} (testcontainers' guess); for an engine on this machine set "
+            "TC_HOST=127.0.0.1 and TESTCONTAINERS_CONNECTION_MODE=docker_host"
+        )
+    return RuntimeError(f"the {what} container did not come up: {exc}{hint}\n--- its log ---\n{_logs(container)}")
+
+
 def _logs(container: DockerContainer) -> str:
     try:
         out, err = container.get_logs()
@@ -174,7 +201,7 @@ class KafkaBroker(DockerContainer):
             LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(START_TIMEOUT_S).wait_until_ready(self)
             self._check_advertised()
         except Exception as exc:
-            raise RuntimeError(f"the Kafka container did not come up: {exc}\n--- its log ---\n{_logs(self)}") from exc
+            raise _failure("Kafka", self, exc) from exc
         return self
 
     def _check_advertised(self) -> None:
@@ -189,25 +216,29 @@ class KafkaBroker(DockerContainer):
 @contextmanager
 def kafka_server(docker_host: str | None = None, image: str = KAFKA_IMAGE) -> Iterator[str]:
     """A broker in a container for as long as the block runs: yields its bootstrap address."""
-    broker = _prepare(KafkaBroker(image, docker_client_kw=_client_kw(docker_host)), KafkaBroker.CLIENT_PORT)
-    with broker:
-        yield broker.bootstrap
+    with _engine(docker_host):
+        broker = _prepare(KafkaBroker(image, docker_client_kw=_client_kw(docker_host)), KafkaBroker.CLIENT_PORT)
+        with broker:
+            yield broker.bootstrap
 
 
 @contextmanager
 def postgres_server(docker_host: str | None = None, image: str = POSTGRES_IMAGE) -> Iterator[str]:
-    """PostgreSQL in a container for as long as the block runs: yields its DSN. Ready when it has said so in its log
-    and testcontainers' own check (psql in the container, over TCP) has connected."""
-    server = PostgresContainer(image, driver=None, docker_client_kw=_client_kw(docker_host), **POSTGRES_CREDENTIALS)
-    server.waiting_for(LogMessageWaitStrategy("ready to accept connections").with_startup_timeout(START_TIMEOUT_S))
-    _prepare(server, server.port)
-    try:
-        server.start()
-    except Exception as exc:
-        logs = _logs(server)
-        server.stop()
-        raise RuntimeError(f"the PostgreSQL container did not come up: {exc}\n--- its log ---\n{logs}") from exc
-    try:
-        yield server.get_connection_url(host=_address(server, server.port)[0], driver=None)
-    finally:
-        server.stop()
+    """PostgreSQL in a container for as long as the block runs: yields its DSN. Ready when it has said so in its log,
+    testcontainers' own check (psql inside the container) has connected, and so has a client here, at the DSN."""
+    with _engine(docker_host):
+        server = PostgresContainer(image, driver=None, docker_client_kw=_client_kw(docker_host), **POSTGRES_CREDENTIALS)
+        server.waiting_for(LogMessageWaitStrategy("ready to accept connections").with_startup_timeout(START_TIMEOUT_S))
+        _prepare(server, server.port)
+        try:
+            server.start()
+            dsn = server.get_connection_url(host=_address(server, server.port)[0], driver=None)
+            psycopg.connect(dsn, connect_timeout=10).close()
+        except Exception as exc:
+            failure = _failure("PostgreSQL", server, exc)
+            server.stop()
+            raise failure from exc
+        try:
+            yield dsn
+        finally:
+            server.stop()
