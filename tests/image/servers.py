@@ -9,11 +9,13 @@ when its block ends; containers left by a test process that was killed are remov
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -178,6 +180,13 @@ def _logs(container: DockerContainer) -> str:
     return (out + err).decode(errors="replace")[-4000:]
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding, not starting with '-' (as Kafka's)."""
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster_id
+
+
 class KafkaBroker(DockerContainer):
     """The broker image's one KRaft node. Its clients' port is published on a port the engine picks, so the address
     the broker advertises is only known once the container runs: its start script waits for this class to write
@@ -190,6 +199,9 @@ class KafkaBroker(DockerContainer):
         super().__init__(image, **kwargs)
         self.with_exposed_ports(self.CLIENT_PORT)
         self.with_env("KAFKA_ADVERTISED_ADDRESS_FILE", self.ADDRESS_FILE)
+        # A cluster id of its own: a client that reached another broker (a wrong advertised address can lead to one
+        # on this machine) would see another id.
+        self.with_env("KAFKA_CLUSTER_ID", new_cluster_id())
         self.bootstrap = ""
 
     def start(self) -> KafkaBroker:

@@ -8,6 +8,7 @@ once podman runs, an image that does not build or a container that does not come
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import socket
@@ -67,10 +68,17 @@ def our_containers() -> list[str]:
     return podman("ps", "--all", "--filter", mine, "--format", "{{.ID}} {{.Image}} {{.Ports}}").stdout.splitlines()
 
 
-def assert_served_from(image: str, address: str) -> None:
-    """The server at `address` is a container of `image` that this test process started, not a local server."""
+def served_from(image: str, address: str) -> str:
+    """The id of the container of `image` that this test process started and whose port `address` reaches."""
     port = re.search(r":(\d+)(/|$)", address).group(1)
-    assert any(f" {image} " in line and f":{port}->" in line for line in our_containers()), our_containers()
+    found = [line.split()[0] for line in our_containers() if f" {image} " in line and f":{port}->" in line]
+    assert len(found) == 1, f"no container of {image} of ours publishes port {port}: {our_containers()}"
+    return found[0]
+
+
+def container_env(container: str) -> dict[str, str]:
+    listed = json.loads(podman("inspect", "--format", "{{json .Config.Env}}", container).stdout)
+    return dict(entry.split("=", 1) for entry in listed)
 
 
 def run_with_a_sigkill(run: FaultRun, seed: int) -> faults.Outcome:
@@ -114,8 +122,10 @@ def test_the_server_helpers_import_no_deprecated_testcontainers_module():
 @pytest.mark.image
 @pytest.mark.timeout(SETUP_TIMEOUT_S)
 def test_kafka_sink_exactly_once_under_sigkill_on_a_containerised_broker(kafka: str, tmp_path: Path):
-    assert_served_from(KAFKA_IMAGE, kafka)
+    container = served_from(KAFKA_IMAGE, kafka)
     admin = AdminClient({"bootstrap.servers": kafka})
+    # The broker the clients end up at (the advertised address) is that container's.
+    assert admin.describe_cluster().result(30).cluster_id == container_env(container)["KAFKA_CLUSTER_ID"]
     resource = ConfigResource(ResourceType.BROKER, "1")
     running = {name: entry.value for name, entry in admin.describe_configs([resource])[resource].result(30).items()}
     expected = broker_image_properties()
@@ -128,7 +138,7 @@ def test_kafka_sink_exactly_once_under_sigkill_on_a_containerised_broker(kafka: 
 @pytest.mark.image
 @pytest.mark.timeout(SETUP_TIMEOUT_S)
 def test_postgres_round_trip_in_a_container(postgres: str):
-    assert_served_from(POSTGRES_IMAGE, postgres)
+    served_from(POSTGRES_IMAGE, postgres)
     with psycopg.connect(postgres, autocommit=True) as conn:
         conn.execute("CREATE TABLE round_trip (k text PRIMARY KEY, v bigint)")
         try:
