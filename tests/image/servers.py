@@ -24,7 +24,7 @@ from typing import Any
 import docker
 import psycopg
 from confluent_kafka.admin import AdminClient
-from docker.errors import DockerException
+from docker.errors import DockerException, ImageNotFound
 from testcontainers.community.postgres import PostgresContainer
 from testcontainers.core.config import ConnectionMode, testcontainers_config
 from testcontainers.core.container import DockerContainer
@@ -111,10 +111,11 @@ def engine_on_this_machine() -> Iterator[None]:
 
 
 def _engine(docker_host: str | None) -> AbstractContextManager[None]:
-    """The engine `docker_host` names is set up by the caller. The environment's (DOCKER_HOST, or docker-py's default
-    socket): podman's API on a unix socket, with no address set for testcontainers (TC_HOST,
-    TESTCONTAINERS_CONNECTION_MODE), is podman on this machine; testcontainers' own guess inside a container (its
-    gateway) is wrong for it, and looking that gateway up fails on podman's API."""
+    """How testcontainers reaches the engine's published ports. An engine named by `docker_host`: as its caller has
+    set up. The environment's (DOCKER_HOST, else docker-py's default socket), when nothing says where its ports are
+    (TC_HOST, TESTCONTAINERS_CONNECTION_MODE): podman's API on a unix socket means podman runs on this machine, so
+    127.0.0.1; testcontainers' own guess inside a container, the gateway, is wrong for it (and fails on podman's
+    API). Any other engine: testcontainers' own rules."""
     if docker_host or testcontainers_config.tc_host_override or testcontainers_config.connection_mode_override:
         return nullcontext()
     local_podman = (get_docker_host() or "unix://").startswith("unix://") and is_podman()
@@ -139,12 +140,22 @@ def _sweep(client: DockerClient) -> None:
             container.remove(force=True)
 
 
-def _prepare(container: DockerContainer, port: int) -> DockerContainer:
-    """Ryuk off, the owner label, stale containers swept; the port published on loopback only when clients reach
-    the engine over loopback (a test server needs no other interface), else where testcontainers publishes it."""
+def _prepare(container: DockerContainer, port: int, docker_host: str | None) -> DockerContainer:
+    """Ryuk off, the image on the engine, the owner label, stale containers swept; the port published on loopback
+    only when clients reach the engine over loopback (a test server needs no other interface), else where
+    testcontainers publishes it."""
     testcontainers_config.ryuk_disabled = True
     container.with_kwargs(labels={OWNER_LABEL: owner()})
     client = container.get_docker_client()
+    try:
+        client.client.images.get(container.image)  # else testcontainers would try a registry that has no such image
+    except ImageNotFound:
+        raise RuntimeError(
+            f"image {container.image} is not on the engine testcontainers uses "
+            f"({docker_host or get_docker_host() or 'docker-py default'}): "
+            f"deploy/image/servers.sh builds it with podman; for another engine, `podman save {container.image} | "
+            "docker load`"
+        ) from None
     _sweep(client)
     if client.get_connection_mode() is ConnectionMode.docker_host and client.host() in LOOPBACK:
         container.ports[str(port)] = ("127.0.0.1",)  # type: ignore[assignment]  # docker-py: (interface,) = any port
@@ -162,8 +173,8 @@ def _failure(what: str, container: DockerContainer, exc: BaseException) -> Runti
     hint = ""
     try:
         host = container.get_container_host_ip()
-    except Exception:
-        host = "?"
+    except Exception as lookup:
+        host = f"an address testcontainers could not find ({lookup!r})"
     if host not in LOOPBACK:
         hint = (
             f"\nclients look for its ports at {host} (testcontainers' guess); for an engine on this machine set "
@@ -206,10 +217,10 @@ class KafkaBroker(DockerContainer):
 
     def start(self) -> KafkaBroker:
         super().start()
-        host, port = _address(self, self.CLIENT_PORT)
-        self.bootstrap = f"{host}:{port}"
-        self.copy_into_container(f"{self.bootstrap}\n".encode(), self.ADDRESS_FILE)
         try:
+            host, port = _address(self, self.CLIENT_PORT)
+            self.bootstrap = f"{host}:{port}"
+            self.copy_into_container(f"{self.bootstrap}\n".encode(), self.ADDRESS_FILE)
             LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(START_TIMEOUT_S).wait_until_ready(self)
             self._check_advertised()
         except Exception as exc:
@@ -229,8 +240,8 @@ class KafkaBroker(DockerContainer):
 def kafka_server(docker_host: str | None = None, image: str = KAFKA_IMAGE) -> Iterator[str]:
     """A broker in a container for as long as the block runs: yields its bootstrap address."""
     with _engine(docker_host):
-        broker = _prepare(KafkaBroker(image, docker_client_kw=_client_kw(docker_host)), KafkaBroker.CLIENT_PORT)
-        with broker:
+        broker = KafkaBroker(image, docker_client_kw=_client_kw(docker_host))
+        with _prepare(broker, KafkaBroker.CLIENT_PORT, docker_host):
             yield broker.bootstrap
 
 
@@ -241,7 +252,7 @@ def postgres_server(docker_host: str | None = None, image: str = POSTGRES_IMAGE)
     with _engine(docker_host):
         server = PostgresContainer(image, driver=None, docker_client_kw=_client_kw(docker_host), **POSTGRES_CREDENTIALS)
         server.waiting_for(LogMessageWaitStrategy("ready to accept connections").with_startup_timeout(START_TIMEOUT_S))
-        _prepare(server, server.port)
+        _prepare(server, server.port, docker_host)
         try:
             server.start()
             dsn = server.get_connection_url(host=_address(server, server.port)[0], driver=None)

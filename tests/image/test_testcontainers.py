@@ -88,7 +88,9 @@ def run_with_a_sigkill(run: FaultRun, seed: int) -> faults.Outcome:
         run.start(2)
         time.sleep(3)
         faults.FAULTS["sigkill"].inject(run.fleet, random.Random(seed))
-        return run.finish(timeout_s=180)
+        outcome = run.finish(timeout_s=180)
+        assert len(run.fleet.instances) == 3, "the SIGKILLed instance must have been replaced"
+        return outcome
     finally:
         run.abandon()
 
@@ -174,11 +176,14 @@ def test_a_servers_container_is_removed_after_its_block_and_a_killed_runs_are_sw
     stale = podman("create", "--label", f"{OWNER_LABEL}={socket.gethostname()}:{dead.pid}", POSTGRES_IMAGE)
     stale_id = stale.stdout.strip()
     before = set(our_containers())
-    with postgres_server(podman_api) as dsn:
-        started = set(our_containers()) - before
-        assert len(started) == 1, started
-        with psycopg.connect(dsn) as conn:
-            assert conn.execute("SELECT 1").fetchone() == (1,)
-    assert not set(our_containers()) & started, "the server's container outlived its block"
-    left = podman("ps", "--all", "--quiet", "--no-trunc", "--filter", f"id={stale_id}").stdout
-    assert not left.strip(), "the dead test process's container was not swept"
+    try:
+        with postgres_server(podman_api) as dsn:
+            started = set(our_containers()) - before
+            assert len(started) == 1, started
+            with psycopg.connect(dsn) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert not set(our_containers()) & started, "the server's container outlived its block"
+        left = podman("ps", "--all", "--quiet", "--no-trunc", "--filter", f"id={stale_id}").stdout
+        assert not left.strip(), "the dead test process's container was not swept"
+    finally:
+        podman("rm", "--force", "--ignore", stale_id, check=False)
