@@ -20,9 +20,7 @@ from tests.support import eventually
 pytestmark = pytest.mark.postgres
 
 
-def test_input_records_deleted_before_processing_stop_the_partition(
-    kafka_bootstrap, postgres_dsn, pg_schema, caplog
-):
+def test_input_records_deleted_before_processing_stop_the_partition(kafka_bootstrap, postgres_dsn, pg_schema, caplog):
     suffix = uuid.uuid4().hex[:8]
     app_id, topic = f"pg-gone-{suffix}", f"pg-gone-in-{suffix}"
     target = Target(pg_schema, totals_pg, app_id, topic)
