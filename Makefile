@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Both set up everything they need first.
-.PHONY: setup demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image
+.PHONY: setup demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -31,6 +31,10 @@ lint:
 # on a Debian base built here: no image registry needed. deploy/image/fresh.sh runs `make demo` in a fresh container.
 image:
 	deploy/image/build.sh
+
+# The Kafka and PostgreSQL images the tests start through testcontainers (the image tests build them too).
+servers-image:
+	deploy/image/servers.sh
 
 kafka-start:
 	deploy/local/kafka.sh start

@@ -9,17 +9,28 @@ Time (optional): an App with `on_timer` may schedule timers from `process` throu
 `on_timer(state, timer) -> outputs` runs, exactly once in committed output (docs/guarantees.md: timers-exactly-once).
 `state_ttl_ms` expires keys not written for that long. `raise Reject("late", "...")` in `process` sends the record
 to the dead-letter topic at once, with that error type, instead of retrying it.
+
+Several inputs (docs/inputs.md): `inputs=[Stream(...), ...]` lists co-partitioned input streams (the same partition
+count; partition p of each is processed by one task, with one state, in timestamp order); `record.topic` says where
+a record came from. `tables={"name": Table(...)}` are compacted topics co-partitioned with the inputs, and
+`global_tables={"name": Table(...)}` compacted topics every instance holds whole; `process` reads both through
+`state.tables["name"]` (read-only: key -> latest value).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, MutableMapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from pipeline.serde import JSON, STRING, Serde
 
-State = MutableMapping[str, Any]
+
+class State(MutableMapping[str, Any]):
+    """What `process` gets as `state`: the input partition's state, str keys to values the App's state serde encodes,
+    and `tables`, the App's tables by name (`state.tables["accounts"].get(key)`: read-only, key -> latest value)."""
+
+    tables: Mapping[str, Mapping[Any, Any]]
 
 
 class Record(NamedTuple):
@@ -63,13 +74,67 @@ class Output(NamedTuple):
     headers: Sequence[tuple[str, bytes]] = ()
 
 
+class _DeadLetters:
+    """The topic of an output that dead-letters a record held earlier (`dead_letter`)."""
+
+    def __repr__(self) -> str:
+        return "DEAD_LETTERS"
+
+
+DEAD_LETTERS: Any = _DeadLetters()
+HELD_HEADER = "eos.held"  # on such an output: where the held record came from and why it is dead-lettered
+
+
+def dead_letter(record: Record, error_type: str, message: str = "") -> Output:
+    """An output that sends `record` to the dead-letter topic, with `error_type`, in this transaction: a record that
+    `process` received earlier and held in its state, not the one it is processing now (raise Reject for that). E.g.
+    a fill that waited for its order and turns out to overfill it. Keep the held record in state as its fields
+    (`list(record)`; `Record(*fields)` gives it back); its key and value are written with its input's serdes."""
+    where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+    meta = JSON.serialize({**where, "error_type": error_type, "message": message or error_type})
+    return Output(value=record.value, key=record.key, topic=DEAD_LETTERS, headers=((HELD_HEADER, meta or b""),))
+
+
 Process = Callable[[State, Record], Iterable[Output]]
 OnTimer = Callable[[State, Timer], Iterable[Output]]
 Migrate = Callable[[int, Any], Any]  # (the version a state value was written at, the value) -> the current value
 # (record count, partitions, seed) -> (partition, key bytes, value bytes[, timestamp ms]): sample input for
-# `pipeline chaos`. Without a timestamp the broker stamps the record when it arrives.
-Generate = Callable[[int, int, int], Iterable[tuple[int, bytes, bytes] | tuple[int, bytes, bytes, int]]]
+# `pipeline chaos`. Without a timestamp the broker stamps the record when it arrives. An App with several inputs or
+# tables names the topic of each: (topic, partition, key bytes, value bytes or None, timestamp ms).
+Generated = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, int] | tuple[str, int, bytes, bytes | None, int]
+Generate = Callable[[int, int, int], Iterable[Generated]]
 CLOCKS = ("stream", "wall")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """An input stream: a topic whose records `process` gets one at a time, decoded with these serdes. `record.topic`
+    is the topic's name as the App declares it, also where TOPIC_SUFFIX renamed it (`name`)."""
+
+    topic: str
+    key_serde: Serde = STRING
+    value_serde: Serde = JSON
+    name: str = ""  # the topic as the App declares it (default: `topic`); what `record.topic` says
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.topic)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A compacted topic read as a table: key -> the latest value, a record without a value deleting its key. In
+    `App.tables`, co-partitioned with the inputs (partition p of the table beside partition p of the inputs, updated
+    in timestamp order with them, restored with the task's state); in `App.global_tables`, every partition in every
+    instance (reference data: read-only, restored before any task processes, kept up to date while running)."""
+
+    topic: str
+    key_serde: Serde = STRING
+    value_serde: Serde = JSON
+
+
+def _missing_process(state: State, record: Record) -> Iterable[Output]:
+    raise TypeError("this App has no process function")
 
 
 @dataclass(frozen=True)
@@ -77,9 +142,9 @@ class App:
     """A stateful service: its name (also the consumer group and transactional.id prefix), topics and logic."""
 
     name: str
-    input_topic: str
-    output_topic: str
-    process: Process
+    input_topic: str = ""  # the input topic of a one-input App; with `inputs`, the first of them
+    output_topic: str = ""
+    process: Process = _missing_process
     key_serde: Serde = STRING
     value_serde: Serde = JSON
     output_key_serde: Serde = STRING
@@ -92,16 +157,91 @@ class App:
     state_ttl_clock: str = "stream"
     state_version: int = 1  # the shape of the state values; raise it when it changes, with a migrate
     migrate: Migrate | None = None  # (version the value was written at, value) -> the value at state_version
+    # Several co-partitioned input streams (a topic name means a Stream with this App's key and value serdes).
+    # Checks of the App's own properties over a finished run (pipeline verify, chaos, the driver's verify): called
+    # with the run's pipeline.testing.oracle.RunData, returns problems ("where: what"). Optional.
+    check: Callable[[Any], Iterable[str]] | None = None
+    inputs: Sequence[Stream | str] = ()
+    tables: Mapping[str, Table | str] = field(default_factory=dict)  # co-partitioned tables, by name
+    global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
 
     def __post_init__(self) -> None:
+        self._normalise_inputs()
         if self.state_ttl_clock not in CLOCKS:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
             raise ValueError(f"state_ttl_ms must be positive, not {self.state_ttl_ms}")
         if self.extended_state and not self.stateful:
             raise ValueError("timers, state TTL and state versions live in the state: a stateless App has none")
+        if self.timed and self.multi_input:
+            raise ValueError(
+                f"App {self.name!r}: timers and state TTL with several inputs or co-partitioned tables are not "
+                "supported yet (docs/inputs.md)"
+            )
+        if self.tables and not self.stateful:
+            raise ValueError(f"App {self.name!r}: co-partitioned tables are restored with the state: stateful=True")
         if self.state_version < 1:
             raise ValueError(f"state_version starts at 1, not {self.state_version}")
+
+    def _normalise_inputs(self) -> None:
+        """`streams` are the inputs as Streams (one, built from input_topic, for a one-input App) and input_topic
+        their first topic; tables become Tables. `inputs` itself stays as given, so that replace(app, input_topic=...)
+        renames the input of a one-input App."""
+        if self.process is _missing_process:
+            raise ValueError(f"App {self.name!r}: process is missing")
+        given = self.inputs or ((self.input_topic,) if self.input_topic else ())
+        streams = tuple(Stream(s, self.key_serde, self.value_serde) if isinstance(s, str) else s for s in given)
+        if not streams:
+            raise ValueError(f"App {self.name!r}: no input topic (input_topic, or inputs for several)")
+        if self.input_topic and self.input_topic != streams[0].topic:
+            raise ValueError(
+                f"App {self.name!r}: input_topic {self.input_topic!r} is not the first of inputs "
+                f"{[s.topic for s in streams]}: give one or the other"
+            )
+        tables = {name: Table(t) if isinstance(t, str) else t for name, t in self.tables.items()}
+        global_tables = {name: Table(t) if isinstance(t, str) else t for name, t in self.global_tables.items()}
+        if clash := tables.keys() & global_tables.keys():
+            raise ValueError(f"App {self.name!r}: table names {sorted(clash)} are both co-partitioned and global")
+        topics = [s.topic for s in streams] + [t.topic for t in (*tables.values(), *global_tables.values())]
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"App {self.name!r}: a topic is named twice among inputs and tables: {topics}")
+        object.__setattr__(self, "_streams", streams)
+        object.__setattr__(self, "input_topic", streams[0].topic)
+        object.__setattr__(self, "tables", tables)
+        object.__setattr__(self, "global_tables", global_tables)
+
+    @property
+    def streams(self) -> tuple[Stream, ...]:
+        """The input streams, the first one's partitions assigned by the group (the others' go with them)."""
+        return self._streams  # type: ignore[no-any-return,attr-defined]  # set by __post_init__
+
+    @property
+    def co_partitioned(self) -> tuple[str, ...]:
+        """Every topic a task reads partition p of: the input streams, then the co-partitioned tables."""
+        return (*(s.topic for s in self.streams), *(t.topic for t in self.table_specs.values()))
+
+    @property
+    def table_specs(self) -> Mapping[str, Table]:
+        return self.tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+
+    @property
+    def global_table_specs(self) -> Mapping[str, Table]:
+        return self.global_tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+
+    @property
+    def multi_input(self) -> bool:
+        """Whether a task merges several co-partitioned topics (inputs or tables) by timestamp."""
+        return len(self.co_partitioned) > 1
+
+    def stream(self, topic: str) -> Stream:
+        """The input stream read from `topic`, or declared as `topic` (KeyError for any other topic)."""
+        for s in self.streams:
+            if s.topic == topic:
+                return s
+        for s in self.streams:
+            if s.name == topic:
+                return s
+        raise KeyError(topic)
 
     @property
     def timed(self) -> bool:
@@ -123,12 +263,13 @@ class App:
         timestamp_ms: int = 0,
         headers: Sequence[tuple[str, bytes]] | None = None,
     ) -> Record:
-        """Input bytes -> Record, with this App's serdes: the one place that does it (both sinks, the checker's fold).
-        Raises whatever the serde raises: an undecodable record is poison like a failing `process`."""
+        """Input bytes -> Record, with the serdes of `topic`'s stream: the one place that does it (both sinks, the
+        checker's fold). Raises whatever the serde raises: an undecodable record is poison like a failing `process`."""
+        stream = self.streams[0] if len(self.streams) == 1 else self.stream(topic)
         return Record(
-            self.key_serde.deserialize(key),
-            self.value_serde.deserialize(value),
-            topic,
+            stream.key_serde.deserialize(key),
+            stream.value_serde.deserialize(value),
+            stream.name,
             partition,
             offset,
             timestamp_ms,
@@ -136,11 +277,37 @@ class App:
         )
 
     def with_topics(self, input_topic: str | None = None, output_topic: str | None = None) -> App:
-        """A copy reading/writing other topics (tests and the chaos runner use it)."""
-        from dataclasses import replace
+        """A copy reading its (first) input from and writing to other topics (tests and the chaos runner use it)."""
+        first = replace(self.streams[0], topic=input_topic or self.input_topic, name=self.streams[0].name)
+        return replace(
+            self, input_topic="", inputs=(first, *self.streams[1:]), output_topic=output_topic or self.output_topic
+        )
+
+    def configured(self, topic_suffix: str = "", input_topic: str = "", output_topic: str = "") -> App:
+        """This App with the topic settings applied (TOPIC_SUFFIX, INPUT_TOPIC, OUTPUT_TOPIC): what `pipeline run`,
+        `verify`, `chaos` and `acls` all work with. INPUT_TOPIC renames the input of a one-input App only."""
+        if input_topic and len(self.co_partitioned) > 1:
+            raise ValueError(
+                f"INPUT_TOPIC={input_topic!r}: App {self.name!r} reads {list(self.co_partitioned)}; rename them in the "
+                "App, or all at once with TOPIC_SUFFIX"
+            )
+        app = self.with_topics(input_topic or None, output_topic or None) if input_topic or output_topic else self
+        return app.with_topic_suffix(topic_suffix)
+
+    def with_topic_suffix(self, suffix: str) -> App:
+        """A copy with `suffix` after the name of every topic it names: inputs, tables, global tables, output (the
+        TOPIC_SUFFIX setting; fresh topics for each fault run)."""
+        if not suffix:
+            return self
+
+        def renamed(tables: Mapping[str, Table]) -> dict[str, Table]:
+            return {name: replace(t, topic=t.topic + suffix) for name, t in tables.items()}
 
         return replace(
             self,
-            input_topic=input_topic or self.input_topic,
-            output_topic=output_topic or self.output_topic,
+            input_topic="",
+            inputs=tuple(replace(s, topic=s.topic + suffix) for s in self.streams),
+            output_topic=self.output_topic + suffix,
+            tables=renamed(self.table_specs),
+            global_tables=renamed(self.global_table_specs),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
@@ -92,6 +92,46 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemostrecent",
         )
+        self._table_metrics(r)
+
+    def _table_metrics(self, r: CollectorRegistry) -> None:
+        """Several inputs and tables (docs/inputs.md): lag per input, and per table its size, restore and lag."""
+        self.input_lag = Gauge(
+            "pipeline_input_lag",
+            "High watermark minus position, per input topic (inputs and co-partitioned tables)",
+            ["topic", "partition"],
+            registry=r,
+            multiprocess_mode="livemostrecent",
+        )
+        self.table_entries = Gauge(
+            "pipeline_table_entries", "Keys held, per global table", ["table"], registry=r, multiprocess_mode="liveall"
+        )
+        self.table_lag = Gauge(
+            "pipeline_table_lag",
+            "Records of a global table's topic not read yet (high watermark minus position, all partitions)",
+            ["table"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.table_restore_seconds = Gauge(
+            "pipeline_table_restore_duration_seconds",
+            "Duration of a global table's restore",
+            ["table"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.table_restore_records = Counter(
+            "pipeline_table_restore_records", "Records read by global table restores", ["table"], registry=r
+        )
+
+    def observe_table_restore(self, table: str, seconds: float, records: int, entries: int) -> None:
+        self.table_restore_seconds.labels(table).set(seconds)
+        self.table_restore_records.labels(table).inc(records)
+        self.table_entries.labels(table).set(entries)
+
+    def table_gauges(self, table: str, entries: int, lag: int) -> None:
+        self.table_entries.labels(table).set(entries)
+        self.table_lag.labels(table).set(lag)
 
     def observe_restore(self, partition: int, seconds: float, records: int, snapshot_entries: int = 0) -> None:
         """A finished restore of `partition`: how long it took, the changelog records (or rows) it read, and the
@@ -110,11 +150,15 @@ class Metrics:
         if last_timestamp_ms > 0:
             self._end_to_end_last.observe(max(0.0, now_ms - last_timestamp_ms) / 1000)
 
-    def forget_partition(self, partition: int) -> None:
-        """Drops the per-partition gauges of a partition this process no longer owns (its new owner reports them)."""
+    def forget_partition(self, partition: int, topics: Sequence[str] = ()) -> None:
+        """Drops the per-partition gauges of a partition this process no longer owns (its new owner reports them);
+        `topics`: every topic its task read."""
         for gauge in (self.lag, self.restore_seconds):
             with contextlib.suppress(KeyError):
                 gauge.remove(str(partition))
+        for topic in topics:
+            with contextlib.suppress(KeyError):
+                self.input_lag.remove(topic, str(partition))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -73,8 +73,9 @@ class ConfigError(ValueError):
 class Settings:
     bootstrap_servers: str = "127.0.0.1:9092"
     app_id: str = ""  # default: the App's name; also the consumer group id and transactional.id prefix
-    input_topic: str = ""  # default: the App's
+    input_topic: str = ""  # default: the App's (a one-input App only)
     output_topic: str = ""  # default: the App's
+    topic_suffix: str = ""  # appended to every topic the App names (inputs, tables, output): e.g. "-staging"
     dead_letter_topic: str = ""  # default: <app_id>-dlq
     changelog_topic: str = ""  # default: <app_id>-changelog
     snapshot_topic: str = ""  # default: <app_id>-snapshots (full snapshots, written by `snapshots compact`)
@@ -94,6 +95,10 @@ class Settings:
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
+    # Several inputs (docs/inputs.md): how long a task waits for an empty input before it takes the others' records
+    # alone, out of timestamp order with what that input may bring later; not at all for an input that is caught up
+    # (nothing on the broker it has not fetched). -1: never wait.
+    max_task_idle_ms: int = 100
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
     # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
     # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
@@ -185,6 +190,7 @@ def validate(s: Settings) -> None:
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
+    require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
     require(
         s.heartbeat_interval_ms * 3 <= s.session_timeout_ms,

@@ -59,6 +59,7 @@ class Folded:
     reason: str = ""
     chunks: WrittenChunks | None = None
     input_offset: int | None = None  # the last checkpoint folded in (B's when the range has none)
+    input_offsets: dict[str, int | None] | None = None  # that checkpoint's every topic (several inputs), or None
     changelog_records: int = 0
     base_entries: int = 0
 
@@ -80,6 +81,7 @@ class ChangelogPiece:
     last_offset: int = -1
     checkpoint_offset: int = -1  # the piece's last checkpoint record, -1: none
     next_input_offset: int | None = None  # what that checkpoint says
+    input_offsets: dict[str, int | None] | None = None  # and of every topic, for an App with several inputs
 
 
 @dataclass
@@ -231,7 +233,8 @@ def _fold_batch(p: int, part: pa.RecordBatch, piece: ChangelogPiece) -> pa.Recor
     if not pc.any(is_cp).as_py():
         return part
     cps = part.filter(is_cp)
-    piece.next_input_offset = Checkpoint.decode(cps.column("value")[-1].as_py()).next_input_offset
+    checkpoint = Checkpoint.decode(cps.column("value")[-1].as_py())
+    piece.next_input_offset, piece.input_offsets = checkpoint.next_input_offset, dict(checkpoint.offsets) or None
     piece.checkpoint_offset = cps.column("offset")[-1].as_py()
     return part.filter(pc.invert(is_cp))
 
@@ -334,8 +337,12 @@ def merge_partition(
     if changes.num_rows:
         changes = changes.take(pc.sort_indices(changes.column("ord")))  # robust even if a partition was split
         entries.update(zip(changes.column("key").to_pylist(), changes.column("value").to_pylist(), strict=True))
-    checkpoints = [(x.checkpoint_offset, x.next_input_offset) for x in pieces if x.next_input_offset is not None]
-    input_offset = max(checkpoints)[1] if checkpoints else (target.base.input_offset if target.base else None)
+    last = max((x for x in pieces if x.checkpoint_offset >= 0), key=lambda x: x.checkpoint_offset, default=None)
+    if last is not None:
+        input_offset, input_offsets = last.next_input_offset, last.input_offsets
+    else:
+        input_offset = target.base.input_offset if target.base else None
+        input_offsets = target.base.input_offsets if target.base else None
     items = sorted((k, v) for k, v in entries.items() if v is not None)  # tombstones (None) delete
     chunks = emit_chunks(
         Producer(producer_config),
@@ -346,7 +353,14 @@ def merge_partition(
         flush_timeout_s=flush_timeout_s,
         chunk_bytes=chunk_bytes,
     )
-    return Folded("written", chunks=chunks, input_offset=input_offset, changelog_records=records, base_entries=in_base)
+    return Folded(
+        "written",
+        chunks=chunks,
+        input_offset=input_offset,
+        input_offsets=input_offsets,
+        changelog_records=records,
+        base_entries=in_base,
+    )
 
 
 def base_entries(table: pa.Table, base: Manifest | None) -> dict[str, bytes | None]:

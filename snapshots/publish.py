@@ -124,6 +124,7 @@ def _still_newest(
             changelog_topic=opts.changelog,
             changelog_offset=plan.end,
             input_offset=folded.input_offset,
+            input_offsets=folded.input_offsets,
             previous_id=plan.base.snapshot_id if plan.base else None,
             changelog_records=folded.changelog_records,
             first_chunk_offset=ends[p],  # an empty state: a manifest with no chunks, placed at the end

@@ -38,10 +38,11 @@ def kafka_bootstrap() -> Iterator[str]:
         yield servers
         return
     if docker_available():
-        from testcontainers.kafka import KafkaContainer
+        from tests.image.servers import build_images, kafka_server  # imports testcontainers only when it is used
 
-        with KafkaContainer("apache/kafka:4.3.1").with_kraft() as kafka:
-            yield kafka.get_bootstrap_server()
+        build_images()
+        with kafka_server() as bootstrap:
+            yield bootstrap
         return
     was_running = _is_running()
     _kafka_sh("start")

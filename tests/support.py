@@ -21,7 +21,9 @@ def eventually(probe: Callable[[], T], timeout_s: float = 20.0, interval_s: floa
 
 
 def docker_available() -> bool:
-    """True when a Docker engine answers (then testcontainers can start servers)."""
+    """True when a Docker-compatible API answers at DOCKER_HOST (or docker-py's default socket): Docker's, or
+    podman's (`podman system service`). Then the tests start their servers through testcontainers
+    (tests/image/servers.py)."""
     try:
         import docker
 

@@ -16,6 +16,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.core.lifecycle import Lifecycle, Phase
+from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.schedule import Schedule
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
@@ -101,11 +102,23 @@ class PollLoop:
         self._next_gauge_update = now + 1.0
         self.metrics.ready.set(1 if self.is_ready() else 0)
         for p, owned in self._owned_partitions().items():
-            if owned.phase is Phase.RUNNING and owned.next_offset is not None:
+            if owned.phase is not Phase.RUNNING:
+                continue
+            for topic, position in self._positions(owned).items():
+                if position is None:
+                    continue
                 # Cached from fetch responses: no request to the broker.
-                _, high = self.input.get_watermark_offsets(TopicPartition(self.input_topic, p), cached=True)
+                _, high = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
                 if high >= 0:
-                    self.metrics.lag.labels(str(p)).set(max(0, high - owned.next_offset))
+                    lag = max(0, high - position)
+                    self.metrics.input_lag.labels(topic, str(p)).set(lag)
+                    if topic == self.input_topic:
+                        self.metrics.lag.labels(str(p)).set(lag)
+
+    def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
+        """topic -> the next offset to process, of every topic the owner of p reads (the Kafka runner's tasks of an
+        App with several inputs read more than the input)."""
+        return {self.input_topic: owned.next_offset}
 
     def _poll(self, longest_wait_s: float) -> list[Message]:
         """Records as soon as there are any: waits for the first one, at most `longest_wait_s` and never past the
@@ -149,6 +162,9 @@ class PollLoop:
                 # (UNRELEASED_INSTANCE_ID) arrives so, and would run on outside the group, never restarted.
                 if error.fatal() or error.code() == KafkaError._FATAL:
                     raise FatalRunnerError(f"consumer: {error}")
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:  # auto.offset.reset=error (kafka/clients.py)
+                    self._input_records_deleted(m.topic(), m.partition(), error.str())
+                    continue
                 log.warning("consumer: %s", error)
                 continue
             batches[m.partition()].append(m)
@@ -184,20 +200,20 @@ class PollLoop:
         """Resumes partitions just assigned (or taken over while assigned). librdkafka keeps a pause across
         unassign/assign: without this a partition paused by a drop (fenced) and then lost or taken over again stayed
         paused for good (seen in a chaos zombie run)."""
-        self.input.resume([TopicPartition(self.input_topic, p) for p in partitions])
+        self.input.resume([tp for p in partitions for tp in self._topic_partitions(p)])
 
     def _pause(self, p: int) -> None:
-        self.input.pause([TopicPartition(self.input_topic, p)])
+        self.input.pause(self._topic_partitions(p))
+
+    def _topic_partitions(self, p: int) -> list[TopicPartition]:
+        """Every partition the task of p reads: partition p of the input (a runner with several inputs adds theirs)."""
+        return [TopicPartition(self.input_topic, p)]
 
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
         """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
         (the runner has committed what came before it)."""
-        log.error(
-            "p%d: STOPPED at offset %s: %s. Fix the record or the code and restart; nothing from it on was committed.",
-            owned.partition,
-            owned.next_offset,
-            error,
-        )
+        fix = getattr(error, "fix", PoisonRecordStop.fix)
+        log.error("p%d: STOPPED at offset %s: %s. %s", owned.partition, owned.next_offset, error, fix)
         owned.stop(str(error))
         self._pause(owned.partition)
 
@@ -210,6 +226,10 @@ class PollLoop:
         raise NotImplementedError
 
     def _loop_once(self) -> None:
+        raise NotImplementedError
+
+    def _input_records_deleted(self, topic: str, p: int, detail: str) -> None:
+        """p's position is below its topic's log start: p commits what it has and stops (InputRecordsDeleted)."""
         raise NotImplementedError
 
     def _shutdown(self) -> None:

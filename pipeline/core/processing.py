@@ -32,6 +32,24 @@ Outputs = TypeVar("Outputs")
 class PoisonRecordStop(Exception):
     """A record kept failing and on_poison=stop."""
 
+    fix = "Fix the record or the code and restart; nothing from it on was committed."
+
+
+class InputRecordsDeleted(PoisonRecordStop):
+    """Input records were deleted before p processed them: p stops where they were, as for a poison record
+    (docs/guarantees.md: no-silent-skip)."""
+
+    def __init__(self, topic: str, partition: int, position: int | None, group: str, detail: str) -> None:
+        super().__init__(
+            f"{topic}[{partition}]: the records from offset {position} on were deleted before they were processed "
+            f"(the topic's retention, or delete_records; {detail})"
+        )
+        self.fix = (
+            "They are lost for this pipeline, and p stops rather than skip them silently. To go on from what is "
+            f"left: kafka-consumer-groups --group {group} --topic {topic}:{partition} --reset-offsets --to-earliest "
+            "--execute, then restart. To prevent it: an input retention longer than the pipeline can fall behind."
+        )
+
 
 def record_from_message(app: App, msg: Consumed) -> Record:
     """A consumed message as the Record `process` receives (decoding may raise: the record is then poison)."""

@@ -8,16 +8,22 @@ from typing import NamedTuple
 SOURCE_HEADER = "eos.source"
 
 
-def encode_source(partition: int, offset: int) -> bytes:
+def encode_source(partition: int, offset: int, input_index: int = 0) -> bytes:
+    """b"p:offset" for the (first) input; b"p:offset/i" for the i-th co-partitioned topic of an App with several
+    inputs (docs/inputs.md): a one-input App's outputs look as they always did."""
+    if input_index:
+        return b"%d:%d/%d" % (partition, offset, input_index)
     return b"%d:%d" % (partition, offset)
 
 
-def decode_source(headers: list[tuple[str, bytes]] | None) -> tuple[int, int] | None:
-    """(input partition, input offset) from an output's headers, or None if it has none."""
+def decode_source(headers: list[tuple[str, bytes]] | None) -> tuple[int, int] | tuple[int, int, int] | None:
+    """(input partition, input offset) from an output's headers, (partition, offset, input index) for a record of
+    another than the first input; None if it has none."""
     for name, value in headers or ():
         if name == SOURCE_HEADER:
-            partition, offset = value.split(b":")
-            return int(partition), int(offset)
+            coordinate, _, index = value.partition(b"/")
+            partition, offset = coordinate.split(b":")
+            return (int(partition), int(offset), int(index)) if index else (int(partition), int(offset))
     return None
 
 

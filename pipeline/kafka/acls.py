@@ -59,6 +59,8 @@ class Names:
     changelog_topic: str = ""
     snapshot_topic: str = ""
     dead_letter_topic: str = ""
+    co_partitioned: tuple[str, ...] = ()  # the other topics a task reads partition p of: inputs, then tables
+    global_tables: tuple[str, ...] = ()  # read whole by every instance, without a group
 
     @property
     def changelog(self) -> str:
@@ -91,6 +93,8 @@ def pipeline_acls(
     snapshots; at_least_once has no transactional producers."""
     acls = [
         Acl("topic", n.input_topic, ("READ",), "the group consumer"),
+        *(Acl("topic", t, ("READ",), "an input or table beside the first input") for t in n.co_partitioned),
+        *(Acl("topic", t, ("READ",), "a global table, read whole") for t in n.global_tables),
         Acl("topic", n.output_topic, ("WRITE",), "outputs"),
     ]
     if stateful:

@@ -40,7 +40,11 @@ def consumer_config(settings: Settings, group_id: str) -> dict:
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
+        # A position below the log start (input records deleted by retention or delete_records before they were
+        # processed) is an error that stops the partition, never a silent jump to the earliest offset: seen in a
+        # broker-restart fault run, where a restarted node deleted old-timestamped input records and the tasks
+        # skipped 200 of them. Nothing committed yet: the runners ask for OFFSET_BEGINNING themselves.
+        "auto.offset.reset": "error",
         "max.poll.interval.ms": s.max_poll_interval_ms,
         # The broker answers a fetch as soon as fetch.min.bytes are there (1: librdkafka's default, set here because
         # a larger value trades latency for fewer requests). fetch.wait.max.ms only bounds an empty fetch: how soon a

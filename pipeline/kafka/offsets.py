@@ -174,10 +174,14 @@ class TailReader:
         return {p: (self.positions[p], self.ends[p]) for p in self._remaining}
 
     def _mark_finished(self) -> None:
-        # The position moves past markers and aborted records that never reach the application.
+        # The position moves past markers and aborted records that never reach the application; never past the end:
+        # records written after it were fetched in the same batch and dropped, and a reader that goes on from
+        # `positions` (a global or co-partitioned table) must read them again. Taking the consumer's position
+        # uncapped skipped them for good: a global table kept an account's older value (an order_fills fault run).
         for tp in self.consumer.position([TopicPartition(self.topic, p) for p in self._remaining]):
             if tp.offset >= 0:
-                self.positions[tp.partition] = max(self.positions[tp.partition], tp.offset)
+                p = tp.partition
+                self.positions[p] = max(self.positions[p], min(tp.offset, self.ends[p]))
         finished = {p for p in self._remaining if self.positions[p] >= self.ends[p]}
         if finished:
             self._remaining -= finished

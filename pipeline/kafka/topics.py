@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
@@ -48,13 +48,27 @@ def ensure_topics(
     internal: dict[str, dict[str, str]],
     replication_factor: int,
     timeout_s: float,
+    co_partitioned: Sequence[str] = (),
+    global_tables: Sequence[str] = (),
 ) -> int:
-    """Checks input/output, creates missing internal topics; returns the input's partition count."""
-    counts = partition_counts(admin, timeout_s, needed=(input_topic, output_topic, *internal))
-    for setting, topic in (("INPUT_TOPIC", input_topic), ("OUTPUT_TOPIC", output_topic)):
+    """Checks the inputs, tables and output, creates missing internal topics; returns the input's partition count.
+    `co_partitioned`: the other topics a task reads partition p of (inputs, tables): they must have the first
+    input's partition count, or the App cannot start."""
+    counts = partition_counts(
+        admin, timeout_s, needed=(input_topic, *co_partitioned, *global_tables, output_topic, *internal)
+    )
+    named = [("INPUT_TOPIC", input_topic), *(("the App's inputs and tables", t) for t in co_partitioned)]
+    named += [*(("the App's global tables", t) for t in global_tables), ("OUTPUT_TOPIC", output_topic)]
+    for setting, topic in named:
         if topic not in counts:
             raise ConfigError(f"{setting}: topic {topic!r} does not exist (create it: pipeline topics create ...)")
     partitions = counts[input_topic]
+    if unequal := {t: counts[t] for t in co_partitioned if counts[t] != partitions}:
+        raise ConfigError(
+            f"the App's inputs and tables are co-partitioned (a task reads partition p of each), so they need the "
+            f"same partition count: {input_topic!r} has {partitions}, "
+            + ", ".join(f"{t!r} has {n}" for t, n in unequal.items())
+        )
     missing = [
         NewTopic(name, partitions, replication_factor, config=config)
         for name, config in internal.items()

@@ -8,7 +8,8 @@ see whole transactions or nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -22,19 +23,47 @@ def changelog_topic(app_name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
+    """Where one transaction of task p left its inputs. A one-input App: the input's next offset. Several inputs
+    (docs/inputs.md) also: `offsets`, every co-partitioned topic's next offset (inputs, then tables), and `order`, the
+    order the transaction took their records in, as runs "index:count,..." (index into the App's co_partitioned
+    topics): what lets the checker replay exactly the interleaving the task chose."""
+
     input_topic: str
     input_partition: int
-    next_input_offset: int
+    next_input_offset: int | None
+    offsets: Mapping[str, int | None] = field(default_factory=dict)
+    order: str = ""
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {"topic": self.input_topic, "partition": self.input_partition, "next_offset": self.next_input_offset}
-        )
+        fields: dict[str, object] = {
+            "topic": self.input_topic,
+            "partition": self.input_partition,
+            "next_offset": self.next_input_offset,
+        }
+        if self.offsets:
+            fields["offsets"] = dict(self.offsets)
+            fields["order"] = self.order
+        return orjson.dumps(fields)
 
     @staticmethod
     def decode(value: bytes) -> Checkpoint:
         fields = orjson.loads(value)
-        return Checkpoint(fields["topic"], fields["partition"], fields["next_offset"])
+        return Checkpoint(
+            fields["topic"],
+            fields["partition"],
+            fields["next_offset"],
+            fields.get("offsets", {}),
+            fields.get("order", ""),
+        )
+
+    def covers(self) -> dict[str, int | None]:
+        """The next offset of every topic this checkpoint names (the input's alone for a one-input App)."""
+        return dict(self.offsets) if self.offsets else {self.input_topic: self.next_input_offset}
+
+
+def order_runs(order: str) -> list[tuple[int, int]]:
+    """ "0:3,1:2" -> [(0, 3), (1, 2)]."""
+    return [(int(i), int(n)) for i, n in (run.split(":") for run in order.split(","))] if order else []
 
 
 def is_checkpoint(key: bytes | None, headers: list[tuple[str, bytes]] | None) -> bool:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
@@ -39,6 +40,9 @@ from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
 from pipeline.state.snapshot_format import Manifest
+
+if TYPE_CHECKING:
+    from pipeline.state.table_restore import TableRestore
 
 log = logging.getLogger(__name__)
 CHECKPOINT_KEY_STR = CHECKPOINT_KEY.decode()
@@ -65,7 +69,7 @@ class ChangelogRestore:
         changelog_topic: str,
         partition: int,
         state: PartitionState,
-        committed_offset: int | None,
+        committed_offset: int | Mapping[str, int | None] | None,
         timeout_s: float,
         request_timeout_s: float,
         strict: bool = True,
@@ -83,6 +87,7 @@ class ChangelogRestore:
         self.snapshot: Manifest | None = None
         self.skipped: list[str] = []  # snapshots found invalid, with the reason
         self.last_checkpoint: Checkpoint | None = None
+        self.tables: TableRestore | None = None  # the co-partitioned tables' restore, once finished (RestoreManager)
         self.started = time.monotonic()
         self.snapshot_seconds = 0.0  # finding and loading the snapshot
         self.tail_seconds = 0.0  # reading the changelog tail
@@ -374,25 +379,38 @@ class ChangelogRestore:
 
     def _verify_checkpoint(self) -> None:
         if self.last_checkpoint is not None:
-            covered, source = self.last_checkpoint.next_input_offset, "the changelog's last checkpoint"
+            covered, source = self._covered_by(self.last_checkpoint), "the changelog's last checkpoint"
         elif self.snapshot is not None:
-            covered, source = self.snapshot.input_offset, f"the snapshot {self.snapshot.snapshot_id}"
+            snapshot, expected = self.snapshot, self.committed_offset
+            if isinstance(expected, Mapping):
+                covered = {topic: (snapshot.input_offsets or {}).get(topic) for topic in expected}
+            else:
+                covered = snapshot.input_offset
+            source = f"the snapshot {snapshot.snapshot_id}"
         else:
             covered, source = None, "the changelog's last checkpoint"
-        if covered != self.committed_offset and not self.strict:
+        expected = dict(self.committed_offset) if isinstance(self.committed_offset, Mapping) else self.committed_offset
+        if isinstance(expected, dict) and covered is None:  # nothing committed yet: every input at its start
+            covered = {topic: None for topic in expected}
+        if covered != expected and not self.strict:
             log.warning(
                 "p%d: checkpoint %s != committed offset %s: records in between are applied again (at-least-once)",
                 self.partition,
                 covered,
-                self.committed_offset,
+                expected,
             )
-        elif covered != self.committed_offset:
+        elif covered != expected:
             raise RestoreError(
                 f"p{self.partition}: {source} covers input offset {covered} but the group's "
-                f"committed offset is {self.committed_offset}. They are written in one transaction, so one of them "
+                f"committed offset is {expected}. They are written in one transaction, so one of them "
                 "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
                 f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."
             )
+
+    def _covered_by(self, checkpoint: Checkpoint) -> int | dict[str, int | None] | None:
+        if isinstance(self.committed_offset, Mapping):  # several inputs: every topic's offset
+            return {topic: checkpoint.covers().get(topic) for topic in self.committed_offset}
+        return checkpoint.next_input_offset
 
 
 def _positions(items: list, value: object) -> list[int]:

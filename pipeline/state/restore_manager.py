@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
+from pipeline.app import Table
 from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.serde import Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 from pipeline.state.restore import ChangelogRestore, RestoreError
+from pipeline.state.table_restore import TableRestore
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class RestoreManager:
         make_consumer: Callable[[], Consumer],
         make_admin: Callable[[], AdminClient],
         admin: AdminClient,
+        tables: Mapping[str, Table] | None = None,
     ) -> None:
         self._changelog_topic, self._snapshot_topic, self._state_serde = changelog_topic, snapshot_topic, state_serde
         self._make_consumer, self._make_admin, self._admin = make_consumer, make_admin, admin
@@ -41,10 +44,14 @@ class RestoreManager:
         self._request_timeout_s = settings.request_timeout_ms / 1000
         self._step_s = settings.restore_step_ms / 1000
         self._strict = settings.exactly_once
-        self._committed: dict[int, int | None] = {}  # every partition being restored: the offset to match
+        # Every partition being restored: the committed offset to match (of every input, for several).
+        self._committed: dict[int, int | Mapping[str, int | None] | None] = {}
         self._running: dict[int, ChangelogRestore] = {}
         self._retry_at: dict[int, float] = {}  # after broker trouble: when to start again
         self._failing_since: dict[int, float] = {}
+        self._table_specs = dict(tables or {})  # co-partitioned tables: restored from their own topics
+        self._tables: dict[int, TableRestore] = {}
+        self._changelog_done: set[int] = set()
 
     @property
     def busy(self) -> bool:
@@ -53,7 +60,7 @@ class RestoreManager:
     def running(self) -> dict[int, ChangelogRestore]:
         return dict(self._running)
 
-    def start(self, p: int, committed_offset: int | None) -> None:
+    def start(self, p: int, committed_offset: int | Mapping[str, int | None] | None) -> None:
         """Starts restoring p's state, which must come out covering the group's committed offset of p."""
         self._committed[p] = committed_offset
         self._open(p)
@@ -71,22 +78,45 @@ class RestoreManager:
         budget, finished = self._step_s / len(self._running), []
         for p, restore in list(self._running.items()):
             try:
-                done = restore.step(budget)
+                done = self._step(p, restore, budget)
             except RestoreError:
                 self.forget(p)
                 raise
             except EndOffsetsTimeout as e:
-                self._running.pop(p).close()
+                self._drop_running(p)
                 self._later(p, e)
                 continue
             if done:
+                restore.tables = self._tables.pop(p, None)
                 self.forget(p)
                 finished.append(restore)
         return finished
 
+    def _step(self, p: int, restore: ChangelogRestore, budget_s: float) -> bool:
+        """The changelog first, then the co-partitioned tables; True once both are complete."""
+        if p not in self._changelog_done:
+            if not restore.step(budget_s):
+                return False
+            self._changelog_done.add(p)
+            if self._table_specs:
+                self._tables[p] = TableRestore(
+                    self._make_consumer, self._admin, self._table_specs, p, self._request_timeout_s
+                )
+        tables = self._tables.get(p)
+        return tables is None or tables.step(budget_s)
+
+    def _drop_running(self, p: int) -> None:
+        self._running.pop(p).close()
+        self._changelog_done.discard(p)
+        if (tables := self._tables.pop(p, None)) is not None:
+            tables.close()
+
     def forget(self, p: int) -> None:
         if (restore := self._running.pop(p, None)) is not None:
             restore.close()
+        if (tables := self._tables.pop(p, None)) is not None:
+            tables.close()
+        self._changelog_done.discard(p)
         for table in (self._committed, self._retry_at, self._failing_since):
             table.pop(p, None)
 

@@ -144,6 +144,8 @@ class Manifest:
     previous_id: str | None = None
     changelog_records: int = 0  # changelog records folded into it since the previous snapshot
     format: int = FORMAT_VERSION
+    # Several inputs (docs/inputs.md): the next offset of every co-partitioned topic it covers; None for one input.
+    input_offsets: dict[str, int | None] | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps({"type": "eos-snapshot-manifest", **asdict(self)})

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable
+from collections.abc import ItemsView, Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -109,6 +109,7 @@ def manifest_for(
     previous_id: str | None,
     changelog_records: int = 0,
     first_chunk_offset: int | None = None,
+    input_offsets: Mapping[str, int | None] | None = None,
 ) -> Manifest:
     """The manifest of `chunks`. `first_chunk_offset` places a manifest without chunks (an empty state)."""
     first = chunks.first_offset if chunks.first_offset is not None else first_chunk_offset
@@ -129,6 +130,7 @@ def manifest_for(
         created_at=now_iso(),
         previous_id=previous_id,
         changelog_records=changelog_records,
+        input_offsets=dict(input_offsets) if input_offsets is not None else None,
     )
 
 
@@ -157,6 +159,7 @@ def write_snapshot(
     base: Manifest | None,
     timeout_s: float,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    input_offsets: Mapping[str, int | None] | None = None,
 ) -> Manifest:
     """Produces the snapshot of `entries` (sorted here: chunks are deterministic) covering the changelog below
     `changelog_offset` into the open transaction and returns its manifest. The caller commits. `entries` must not
@@ -194,6 +197,7 @@ def write_snapshot(
         changelog_offset=changelog_offset,
         input_offset=input_offset,
         previous_id=base.snapshot_id if base else None,
+        input_offsets=input_offsets,
     )
     produce_manifest(producer, snapshot_topic, manifest)
     return manifest

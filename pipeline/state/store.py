@@ -11,15 +11,20 @@ Two undo logs hold the value each touched key had before:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
+from pipeline.app import State
 from pipeline.serde import JSON, Serde
 
 _MISSING = object()
 
 
-class PartitionState(MutableMapping[str, Any]):
+class PartitionState(State):
+    # What `process` reads of the App's tables (docs/inputs.md): name -> a read-only mapping. The runner sets them.
+    tables: Mapping[str, Mapping[Any, Any]] = MappingProxyType({})
+
     def __init__(self, serde: Serde = JSON) -> None:
         self._serde = serde
         self._data: dict[str, bytes] = {}

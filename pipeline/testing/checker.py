@@ -11,6 +11,7 @@ any Kafka client or runtime code. This module ties them together: `verify(app, b
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -60,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     could not be checked (a topic not readable to its end, the broker not answering, a bad app path)."""
     args = _parser().parse_args(_without_command(argv if argv is not None else sys.argv[1:]))
     try:
-        app = load_app(args.app)
+        suffix = args.topic_suffix if args.topic_suffix is not None else os.environ.get("PIPELINE_TOPIC_SUFFIX", "")
+        app = load_app(args.app).with_topic_suffix(suffix)
         tables = postgres_checker.chosen_tables(args.sink, args.dsn, args.schema, args.config)
         verdict = (
             postgres_checker.verify_tables(
@@ -107,7 +109,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline verify", description="Check a finished run for exactly-once.")
     parser.add_argument("app", help="the App by import path, e.g. pipeline.examples.running_totals:app")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--input-topic")
+    parser.add_argument("--input-topic", help="the input of a one-input App, if the run renamed it")
+    parser.add_argument(
+        "--topic-suffix",
+        help="after every topic the App names, as the run's TOPIC_SUFFIX (default PIPELINE_TOPIC_SUFFIX)",
+    )
     parser.add_argument("--output-topic")
     parser.add_argument("--dead-letter-topic")
     parser.add_argument("--changelog-topic")

@@ -30,6 +30,8 @@ class Topics:
     output: str
     dead_letter: str
     changelog: str | None  # None: stateless app
+    more_inputs: tuple[str, ...] = ()  # several inputs: the other co-partitioned topics (inputs, then tables)
+    global_tables: tuple[tuple[str, str], ...] = ()  # (name, topic) of each global table
 
     @staticmethod
     def for_app(
@@ -45,26 +47,42 @@ class Topics:
             output=output_topic or app.output_topic,
             dead_letter=dead_letter_topic_name or dead_letter_topic(app.name),
             changelog=(changelog_topic_name or changelog_topic(app.name)) if app.stateful else None,
+            more_inputs=app.co_partitioned[1:],
+            global_tables=tuple((name, t.topic) for name, t in app.global_table_specs.items()),
         )
 
 
 def drain_run(config: Mapping[str, Any], topics: Topics, group_id: str, timeout_s: float) -> RunData:
     admin = AdminClient(dict(config))
-    names = [topics.input, topics.output, topics.dead_letter]
+    names = [
+        topics.input,
+        topics.output,
+        topics.dead_letter,
+        *topics.more_inputs,
+        *(t for _, t in topics.global_tables),
+    ]
     if topics.changelog is not None:
         names.append(topics.changelog)
-    with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="eos-drain") as pool:
-        dumps = list(pool.map(lambda topic: drain_topic(admin, config, topic, timeout_s), names))
-    inputs = dumps[0]
+    with ThreadPoolExecutor(max_workers=min(8, len(names)), thread_name_prefix="eos-drain") as pool:
+        dumps = dict(
+            zip(names, pool.map(lambda topic: drain_topic(admin, config, topic, timeout_s), names), strict=True)
+        )
+    inputs = dumps[topics.input]
     if not inputs.exists:
         raise LookupError(f"input topic {topics.input} does not exist")
     return RunData(
         input_topic=topics.input,
         inputs=inputs,
-        outputs=dumps[1],
-        dead_letters=dumps[2],
-        changelog=dumps[3] if topics.changelog is not None else None,
+        outputs=dumps[topics.output],
+        dead_letters=dumps[topics.dead_letter],
+        changelog=dumps[topics.changelog] if topics.changelog is not None else None,
         committed=committed_offsets(config, group_id, topics.input, inputs.partitions, timeout_s),
+        more_inputs={topic: dumps[topic] for topic in topics.more_inputs},
+        more_committed={
+            topic: committed_offsets(config, group_id, topic, dumps[topic].partitions, timeout_s)
+            for topic in topics.more_inputs
+        },
+        global_tables={name: dumps[topic] for name, topic in topics.global_tables},
     )
 
 

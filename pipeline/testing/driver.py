@@ -34,11 +34,13 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
+from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.runner import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted, transactional_id
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint, changelog_topic, is_checkpoint
+from pipeline.state.tables import TableStore
 from pipeline.state.timed import TimedState
 from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
@@ -70,9 +72,12 @@ class AppDriver:
             env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0, **settings}
         )
         self.input_topic, self.output_topic = app.input_topic, app.output_topic
+        self.topics = app.co_partitioned  # what task p reads partition p of: the inputs, then the tables
         self.changelog_topic, self.dead_letter_topic = changelog_topic(app.name), dead_letter_topic(app.name)
         self.broker = MemoryBroker()
-        for topic in (self.input_topic, self.output_topic, self.changelog_topic, self.dead_letter_topic):
+        self.global_tables = {name: TableStore(spec) for name, spec in app.global_table_specs.items()}
+        global_topics = [spec.topic for spec in app.global_table_specs.values()]
+        for topic in (*self.topics, *global_topics, self.output_topic, self.changelog_topic, self.dead_letter_topic):
             self.broker.create(topic, partitions)
         self.consumer = MemoryConsumer(self.broker)
         self._ctx = KafkaTaskContext(
@@ -86,6 +91,7 @@ class AppDriver:
             self.consumer,  # type: ignore[arg-type]
             Metrics(),
             wall_clock=lambda: self.now_ms,
+            global_tables={name: store.view for name, store in self.global_tables.items()},
         )
         self.tasks: dict[int, KafkaTask] = {}
         for p in range(partitions):
@@ -100,16 +106,38 @@ class AppDriver:
         timestamp_ms: int | None = None,
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> list[Produced]:
-        """One input record, encoded with the App's serdes (timestamp: the wall clock's now); the outputs it caused,
-        including those of timers it made due. Partition: crc32(key) % partitions unless given."""
+        """One input record, encoded with its input's serdes (timestamp: the wall clock's now); the outputs it
+        caused, including those of timers it made due. Partition: crc32(key) % partitions unless given. `topic`:
+        which input (an App with several; default the first)."""
+        stream = self.app.stream(topic or self.input_topic)
         return self.send_bytes(
-            self.app.key_serde.serialize(key),
-            self.app.value_serde.serialize(value),
+            stream.key_serde.serialize(key),
+            stream.value_serde.serialize(value),
             timestamp_ms=timestamp_ms,
             partition=partition,
             headers=headers,
+            topic=stream.topic,
         )
+
+    def update_table(
+        self, name: str, key: Any, value: Any, *, timestamp_ms: int | None = None, partition: int | None = None
+    ) -> list[Produced]:
+        """A record of table `name` (value None: the key is deleted). A co-partitioned table's record is taken in
+        timestamp order with the inputs, by the task of its partition; a global table's is read at once, as every
+        instance's reader would; the outputs caused (a table's update causes none by itself)."""
+        spec = self.app.table_specs.get(name) or self.app.global_table_specs[name]
+        key_bytes = spec.key_serde.serialize(key)
+        value_bytes = None if value is None else spec.value_serde.serialize(value)
+        if name in self.global_tables:
+            p = partition if partition is not None else zlib.crc32(key_bytes or b"") % self.partitions
+            offset = self.broker.reserve(spec.topic, p)
+            ts = self.now_ms if timestamp_ms is None else timestamp_ms
+            self.broker.append(spec.topic, KafkaRecord(p, offset, key_bytes, value_bytes, (), ts))
+            self.global_tables[name].load(key_bytes, value_bytes)
+            return self._run()
+        return self.send_bytes(key_bytes, value_bytes, timestamp_ms=timestamp_ms, partition=partition, topic=spec.topic)
 
     def send_bytes(
         self,
@@ -119,12 +147,37 @@ class AppDriver:
         timestamp_ms: int | None = None,
         partition: int | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        topic: str | None = None,
     ) -> list[Produced]:
         """As `send`, with the record's bytes as they are (e.g. a poison record)."""
+        topic = topic or self.input_topic
         p = partition if partition is not None else zlib.crc32(key or b"") % self.partitions
-        offset = self.broker.reserve(self.input_topic, p)
+        offset = self.broker.reserve(topic, p)
         ts = self.now_ms if timestamp_ms is None else timestamp_ms
-        self.broker.append(self.input_topic, KafkaRecord(p, offset, key, value, tuple(headers), ts))
+        self.broker.append(topic, KafkaRecord(p, offset, key, value, tuple(headers), ts))
+        return self._run()
+
+    def produce(
+        self,
+        key: Any,
+        value: Any,
+        *,
+        topic: str | None = None,
+        timestamp_ms: int | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Appends a record to an input (or a co-partitioned table's topic) without processing it yet: several such
+        records are taken in timestamp order by the next `run()` (or `send`)."""
+        topic = topic or self.input_topic
+        spec: Any = next((t for t in self.app.table_specs.values() if t.topic == topic), None) or self.app.stream(topic)
+        key_bytes = spec.key_serde.serialize(key)
+        p = partition if partition is not None else zlib.crc32(key_bytes or b"") % self.partitions
+        ts = self.now_ms if timestamp_ms is None else timestamp_ms
+        value_bytes = None if value is None else spec.value_serde.serialize(value)
+        self.broker.append(topic, KafkaRecord(p, self.broker.reserve(topic, p), key_bytes, value_bytes, (), ts))
+
+    def run(self) -> list[Produced]:
+        """Processes what `produce` appended; the outputs."""
         return self._run()
 
     def advance_wall_clock(self, ms: int) -> list[Produced]:
@@ -143,7 +196,7 @@ class AppDriver:
                     self._guarded(task, commit_transaction, task.txn, self.consumer)
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
-                    if rewound_now or self.consumer.positions[p] < len(self._input(p)):
+                    if rewound_now or self._unfetched(p):
                         rewound.append(p)
             if not rewound:
                 return
@@ -200,13 +253,17 @@ class AppDriver:
         def dump(topic: str) -> TopicDump:
             return TopicDump(topic, self.broker.committed_records(topic), self.broker.ends(topic))
 
+        partitions = range(self.partitions)
         return RunData(
             self.input_topic,
             dump(self.input_topic),
             dump(self.output_topic),
             dump(self.dead_letter_topic),
             dump(self.changelog_topic) if self.app.stateful else None,
-            {p: self.committed_offset(p) for p in range(self.partitions)},
+            {p: self.committed_offset(p) for p in partitions},
+            more_inputs={topic: dump(topic) for topic in self.topics[1:]},
+            more_committed={t: {p: self.broker.group_offsets.get((t, p)) for p in partitions} for t in self.topics[1:]},
+            global_tables={name: dump(spec.topic) for name, spec in self.app.global_table_specs.items()},
         )
 
     def verify(self) -> Verdict:
@@ -224,32 +281,49 @@ class AppDriver:
         txn_id = transactional_id(self.app.name, self.input_topic, p) if self.settings.exactly_once else None
         producer = MemoryProducer(self.broker, txn_id)
         txn = Transaction(producer, self.settings, f"p{p}", self._abort_hook())  # type: ignore[arg-type]
-        task = KafkaTask(self._ctx, p, txn)
+        task = (MultiInputTask if self.app.multi_input else KafkaTask)(self._ctx, p, txn)
         txn.fence()
-        committed = self.committed_offset(p)
-        task.start(committed)
-        self.consumer.positions[p] = committed or 0
+        committed = {t: self.broker.group_offsets.get((t, p)) for t in self.topics}
+        task.start_all(committed, restore=self.app.stateful or bool(self.global_tables))
+        for topic, offset in committed.items():
+            self.consumer.positions[(topic, p)] = offset or 0
         self.consumer.paused.discard(p)
         if task.phase is Phase.RESTORING:
-            task.restored(self._restore(p, committed), None, self.broker.next_offsets[(self.changelog_topic, p)])
+            if self.app.stateful:
+                end = self.broker.next_offsets[(self.changelog_topic, p)]
+                task.restored(self._restore(p, committed), None, end)
+                if isinstance(task, MultiInputTask):
+                    task.tables_restored(*self._restore_tables(p))
+            else:
+                task.restored(task.state)
         self.tasks[p] = task
 
-    def _restore(self, p: int, committed: int | None) -> PartitionState:
+    def _restore(self, p: int, committed: dict[str, int | None]) -> PartitionState:
         """p's committed changelog folded (docs/guarantees.md: complete-restore: its last checkpoint must name the
-        committed offset)."""
+        committed offsets)."""
         state, checkpoint = PartitionState(self.app.state_serde), None
         for record in self.broker.records[(self.changelog_topic, p)]:
             if is_checkpoint(record.key, list(record.headers)):
                 checkpoint = Checkpoint.decode(record.value or b"")
             else:
                 state.load([((record.key or b"").decode(), record.value)])
-        covered = checkpoint.next_input_offset if checkpoint else None
-        if covered != committed:
+        covered = checkpoint.covers() if checkpoint else dict.fromkeys(committed)
+        if any(covered.get(topic) != offset for topic, offset in committed.items()):
             raise AssertionError(
-                f"p{p}: the changelog covers input offset {covered}, the committed offset is "
+                f"p{p}: the changelog covers input offsets {covered}, the committed offsets are "
                 f"{committed}: state and offsets were not committed together"
             )
         return state
+
+    def _restore_tables(self, p: int) -> tuple[dict[str, TableStore], dict[str, int]]:
+        """p's co-partitioned tables, read to the end of their topics (pipeline/state/table_restore.py)."""
+        stores, positions = {}, {}
+        for name, spec in self.app.table_specs.items():
+            store = stores[name] = TableStore(spec)
+            for record in self.broker.records[(spec.topic, p)]:
+                store.load(record.key, record.value)
+            positions[spec.topic] = self.broker.next_offsets[(spec.topic, p)]
+        return stores, positions
 
     def _run(self) -> list[Produced]:
         first = len(self.broker.produced)
@@ -286,28 +360,33 @@ class AppDriver:
         raise RuntimeError(f"p{p}: still busy after {MAX_TURNS} turns (timers scheduling due timers forever?)")
 
     def _fetch(self, p: int) -> list[Message]:
+        """What a poll would hand task p: the records of every topic it reads, from where each stands."""
         if p in self.consumer.paused:
             return []
-        position = self.consumer.positions[p]
-        records = self._input(p)[position : position + self.settings.poll_max_records]
-        if records:
-            self.consumer.positions[p] = records[-1].offset + 1
-        return [
-            Message(
-                topic=self.input_topic,
-                partition=p,
-                offset=r.offset,
-                key=r.key,
-                value=r.value,
-                timestamp=(1, r.timestamp_ms),
-                headers=list(r.headers) or None,
-            )
-            for r in records
-        ]
+        fetched = []
+        for topic in self.topics:
+            position = self.consumer.positions[(topic, p)]
+            records = self.broker.records[(topic, p)][position : position + self.settings.poll_max_records]
+            if records:
+                self.consumer.positions[(topic, p)] = records[-1].offset + 1
+            fetched += [
+                Message(
+                    topic=topic,
+                    partition=p,
+                    offset=r.offset,
+                    key=r.key,
+                    value=r.value,
+                    timestamp=(1, r.timestamp_ms),
+                    headers=list(r.headers) or None,
+                )
+                for r in records
+            ]
+        return fetched
 
-    def _input(self, p: int) -> list[KafkaRecord]:
-        """Input partition p (offsets are list indexes: nothing in it is ever aborted)."""
-        return self.broker.records[(self.input_topic, p)]
+    def _unfetched(self, p: int) -> bool:
+        """Whether any topic of p holds records not fetched yet (offsets are list indexes: nothing in an input is ever
+        aborted)."""
+        return any(self.consumer.positions[(t, p)] < len(self.broker.records[(t, p)]) for t in self.topics)
 
     def _guarded(self, task: KafkaTask, step: Callable[..., None], *args: Any) -> None:
         """As the runner's: an aborted transaction rewinds, a poison record with ON_POISON=stop stops p after

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +66,36 @@ class FaultRun:
         suffix = uuid.uuid4().hex[:8]
         self.app_id, self.input_topic, self.output_topic = f"chaos-{suffix}", f"in-{suffix}", f"out-{suffix}"
         self.tables = postgres_checker.Tables(self.postgres_dsn, f"chaos_{suffix}") if self.postgres_dsn else None
-        inputs.create_topics(
-            self.bootstrap,
-            {self.input_topic: self.partitions, self.output_topic: self.partitions},
-            replication=self.replication,
-            extra_config=self.client_config,
+        # An App with several inputs or tables keeps its topic names with a suffix (TOPIC_SUFFIX); one input: renamed.
+        self.several = self.app.multi_input or bool(self.app.global_tables)
+        self.suffix = f"-{suffix}" if self.several else ""
+        if self.several:
+            self.run_app = self.app.with_topic_suffix(self.suffix)
+            self.input_topic, self.output_topic = self.run_app.input_topic, self.run_app.output_topic
+        else:
+            self.run_app = self.app.with_topics(self.input_topic, self.output_topic)
+        self._create_topics()
+
+    def _create_topics(self) -> None:
+        create = partial(
+            inputs.create_topics, self.bootstrap, replication=self.replication, extra_config=self.client_config
         )
+        streams = [s.topic for s in self.run_app.streams]
+        # Kept whatever their timestamps: a generator's are fixed dates, and a broker restarted mid-run deleted
+        # such records by time (retention.ms) before the pipeline read them.
+        create({topic: self.partitions for topic in [*streams, self.output_topic]}, config={"retention.ms": "-1"})
+        tables = [t.topic for t in (*self.run_app.table_specs.values(), *self.run_app.global_table_specs.values())]
+        if tables:
+            create({topic: self.partitions for topic in tables}, config={"cleanup.policy": "compact"})
 
     def start(self, instances: int) -> Fleet:
         """Starts `instances` pipeline processes (a second call adds them to the same fleet) and the observer."""
+        names = {"PIPELINE_TOPIC_SUFFIX": self.suffix} if self.several else {}
+        if not self.several:
+            names = {"PIPELINE_INPUT_TOPIC": self.input_topic, "PIPELINE_OUTPUT_TOPIC": self.output_topic}
         env = {
             "PIPELINE_APP_ID": self.app_id,
-            "PIPELINE_INPUT_TOPIC": self.input_topic,
-            "PIPELINE_OUTPUT_TOPIC": self.output_topic,
+            **names,
             **kafka_env(self.service_config),
             **(self.tables.env() if self.tables else {"PIPELINE_SINK": "kafka"}),
             **self.env,
@@ -91,11 +109,14 @@ class FaultRun:
             self.observer = observe(self.bootstrap, self.output_topic, extra_config=self.client_config)
         return self.fleet
 
-    def feed(self, records: Sequence[ProducedRecord], seconds: float) -> None:
-        """Produces the records spread evenly over `seconds`, in the background."""
+    def feed(self, records: Sequence[Any], seconds: float) -> None:
+        """Produces the records spread evenly over `seconds`, in the background. An App with several inputs or
+        tables generates (topic, partition, key, value, timestamp) items: each goes to its topic, suffixed."""
+        if self.several:
+            records = [(topic + self.suffix, *rest) for topic, *rest in records]
         self._feeder = threading.Thread(
             target=produce_paced,
-            args=(self.bootstrap, self.input_topic, records, seconds, self.client_config),
+            args=(self.bootstrap, None if self.several else self.input_topic, records, seconds, self.client_config),
             daemon=True,
         )
         self._feeder.start()
@@ -106,14 +127,14 @@ class FaultRun:
         if self.tables is not None:
             return self._finish_tables(self.tables, timeout_s)
         lag = wait_caught_up(
-            self.bootstrap, self.app_id, self.input_topic, self.partitions, timeout_s, self.client_config
+            self.bootstrap, self.app_id, self.run_app.co_partitioned, self.partitions, timeout_s, self.client_config
         )
         self.fleet.stop_all()
         observed = self.observer.stop()
         if lag:
             return Outcome(None, lag, [], self.fleet.logs())
         verdict = checker.verify(
-            self.app,
+            self.run_app,
             self.bootstrap,
             input_topic=self.input_topic,
             output_topic=self.output_topic,
@@ -169,18 +190,22 @@ class Outcome:
 
 def produce_paced(
     bootstrap: str,
-    topic: str,
-    records: Sequence[ProducedRecord],
+    topic: str | None,
+    records: Sequence[Any],
     seconds: float,
     extra_config: Mapping[str, Any] | None = None,
 ) -> None:
+    """Records spread evenly over `seconds`: (partition, key, value[, timestamp]) to `topic`, or with `topic` None
+    (topic, partition, key, value, timestamp) each to its own."""
     producer = Producer(inputs.producer_config(bootstrap, extra_config) | {"linger.ms": 5})
     steps = max(1, int(seconds * 10))
     per_step = len(records) // steps + 1
     started = time.monotonic()
     for step, first in enumerate(range(0, len(records), per_step), start=1):
-        for partition, key, value, *timestamp in records[first : first + per_step]:  # timestamp: the App's event time
-            producer.produce(topic, value, key, partition=partition, timestamp=timestamp[0] if timestamp else 0)
+        for record in records[first : first + per_step]:
+            to, (partition, key, value, *timestamp) = (topic, record) if topic is not None else (record[0], record[1:])
+            # timestamp: the App's event time
+            producer.produce(to, value, key, partition=partition, timestamp=timestamp[0] if timestamp else 0)
         producer.poll(0)
         time.sleep(max(0.0, started + step * seconds / steps - time.monotonic()))
     if producer.flush(60):

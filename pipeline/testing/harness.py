@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,15 +201,25 @@ def committed_offsets(
 
 
 def wait_caught_up(
-    bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float, config: Mapping[str, Any] | None = None
+    bootstrap: str,
+    group: str,
+    topic: str | Sequence[str],
+    partitions: int,
+    timeout_s: float,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[int, int]:
-    """Waits until the group's committed offsets reach the input's end; returns the last lag seen if not."""
+    """Waits until the group's committed offsets reach the end of the input (of every co-partitioned topic, for
+    several); returns the last lag seen per partition (summed over the topics) if not."""
     admin = _admin(bootstrap, config)
-    ends = high_watermarks(admin, topic, list(range(partitions)), 10)
+    topics = [topic] if isinstance(topic, str) else list(topic)
+    ends = {t: high_watermarks(admin, t, list(range(partitions)), 10) for t in topics}
     deadline = time.monotonic() + timeout_s
     while True:
-        committed = committed_offsets(bootstrap, group, topic, list(range(partitions)), 10, config)
-        lag = {p: ends[p] - max(committed.get(p, 0), 0) for p in ends}
+        lag: dict[int, int] = dict.fromkeys(range(partitions), 0)
+        for t in topics:
+            committed = committed_offsets(bootstrap, group, t, list(range(partitions)), 10, config)
+            for p in ends[t]:
+                lag[p] += ends[t][p] - max(committed.get(p, 0), 0)
         if not any(lag.values()) or time.monotonic() > deadline:
             return {p: n for p, n in lag.items() if n}
         time.sleep(0.25)

@@ -144,14 +144,18 @@ class MemoryConsumer:
 
     def __init__(self, broker: MemoryBroker) -> None:
         self.broker = broker
-        self.positions: dict[int, int] = {}
+        self.positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to fetch
         self.paused: set[int] = set()
 
     def consumer_group_metadata(self) -> object:
         return None
 
     def seek(self, tp: TopicPartition) -> None:
-        self.positions[tp.partition] = max(tp.offset, 0)  # OFFSET_BEGINNING (-2): the beginning
+        self.positions[(tp.topic, tp.partition)] = max(tp.offset, 0)  # OFFSET_BEGINNING (-2): the beginning
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        """(low, high) as a consumer knows them: everything is fetched at once here, so the high is the end."""
+        return 0, self.broker.next_offsets[(tp.topic, tp.partition)]
 
     def pause(self, tps: list[TopicPartition]) -> None:
         self.paused.update(tp.partition for tp in tps)

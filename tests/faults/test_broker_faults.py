@@ -9,6 +9,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from pipeline.examples import order_fills
 from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.offsets import EndOffsetsTimeout, high_watermarks
 from pipeline.kafka.topics import partition_counts
@@ -30,8 +31,8 @@ def cluster_run(kafka_cluster, tmp_path, request, monkeypatch):
     monkeypatch.setenv("PIPELINE_PRODUCERS", request.param)
     runs = []
 
-    def make() -> FaultRun:
-        run = FaultRun(totals, SPEC, kafka_cluster.bootstrap, PARTITIONS, tmp_path / "logs", replication=3)
+    def make(app=totals, spec: str = SPEC) -> FaultRun:
+        run = FaultRun(app, spec, kafka_cluster.bootstrap, PARTITIONS, tmp_path / "logs", replication=3)
         runs.append(run)
         return run
 
@@ -77,6 +78,23 @@ def test_input_leader_paused_then_resumed(kafka_cluster, cluster_run):
     finally:
         kafka_cluster.resume(leader)
     assert_exactly_once(run.finish(timeout_s=180))
+
+
+def test_orders_and_fills_through_the_leader_of_an_input_killed_and_restarted(kafka_cluster, cluster_run):
+    """Two inputs and a global table (docs/inputs.md), account updates flowing throughout: the leader of the fills'
+    partition 0 dies and comes back; every topic of each task resumes from its committed offsets."""
+    run = cluster_run(order_fills.app, "pipeline.examples.order_fills:app")
+    run.feed(list(order_fills.generate(6_000, PARTITIONS, 23)), seconds=12)
+    run.start(2)
+    running(kafka_cluster.bootstrap, run)
+    time.sleep(2)
+    node = leader_of(kafka_cluster.bootstrap, run.run_app.streams[1].topic, 0)
+    kafka_cluster.kill(node)
+    time.sleep(2)
+    kafka_cluster.restart(node)
+    outcome = run.finish(timeout_s=180)
+    assert_exactly_once(outcome)
+    assert outcome.verdict.app.count == 0, outcome.verdict.app.samples
 
 
 def test_unreachable_cluster_gives_bounded_clear_errors(kafka_cluster):

@@ -1,12 +1,18 @@
-"""A container engine for the image tests, or a skip that says why there is none."""
+"""A container engine for the image tests, or a skip that says why there is none; podman's Docker-compatible API
+for the testcontainers tests."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.image.containers import BUILD_SH, BUILD_TIMEOUT_S, ENGINE_SH
+from tests.image.servers import build_images, engine_on_this_machine, podman_service
 
 
 def run_script(*command: object, timeout_s: float) -> subprocess.CompletedProcess:
@@ -39,3 +45,17 @@ def images(engine: None) -> None:
     runs, a failing build is a failure, not a skip."""
     build = run_script(BUILD_SH, timeout_s=BUILD_TIMEOUT_S)
     assert build.returncode == 0, f"make image failed:\n{build.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def podman_api(engine: None) -> Iterator[str]:
+    """The DOCKER_HOST address of `podman system service` on a socket of its own (stopped afterwards), with the
+    server images of deploy/image/servers.sh built and testcontainers set up for an engine on this machine. Once the
+    engine runs, a failing build or a service that does not answer is a failure, not a skip."""
+    build_images()
+    directory = Path(tempfile.mkdtemp(prefix="eos-podman-"))  # short: a socket's path has at most 107 bytes
+    try:
+        with podman_service(directory) as url, engine_on_this_machine():
+            yield url
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -25,10 +25,10 @@ class RestoreBeforeFenceRunner(KafkaRunner):
     """Test double breaking fence-first: reads p's committed offset and restores p's state, then fences."""
 
     def _take_over(self, partitions: list[int], reassign: bool) -> None:
-        tasks = [KafkaTask(self.ctx, p, self._transaction_for(p)) for p in partitions]
+        tasks = [self._new_task(p) for p in partitions]
         committed = self._committed_offsets(partitions)
         for task in tasks:
-            task.start(committed[task.partition])
+            task.start_all(committed[task.partition], restore=True)
             self.restores.start(task.partition, task.committed_offset)
             # Stepped through the manager as the real runner does: right after the topics are created the start
             # may be deferred (no leader yet) and retried a second later, so there is no running restore to step.
@@ -38,7 +38,9 @@ class RestoreBeforeFenceRunner(KafkaRunner):
             restore = finished[0]
             task.restored(restore.state, restore.snapshot, restore.end)
         self._fence(tasks)
-        self.consumer.incremental_assign([TopicPartition(self.input_topic, p, committed[p] or 0) for p in partitions])
+        self.input.incremental_assign(
+            [TopicPartition(self.input_topic, p, committed[p][self.input_topic] or 0) for p in partitions]
+        )
         for task in tasks:
             self.tasks[task.partition] = task
 

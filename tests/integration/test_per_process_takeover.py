@@ -47,7 +47,9 @@ class Zombie:
 def zombie_with_pending_offsets(runner: KafkaRunner, config: settings.Settings) -> Zombie:
     """A member of the group that processed all of p0 and sent p0's offsets into its transaction, then left the
     group without committing or aborting (as a process stopped between send_offsets and commit would)."""
-    consumer = Consumer(consumer_config(config, runner.app_id))
+    # A hand-built member without the runner's on_assign (which seeks to the beginning when nothing is committed):
+    # it needs the reset that the runtime turns off.
+    consumer = Consumer({**consumer_config(config, runner.app_id), "auto.offset.reset": "earliest"})
     consumer.subscribe([runner.input_topic])
     producer = Producer(producer_config(config, f"{runner.app_id}.zombie"))
     txn = Transaction(producer, config, "zombie")
@@ -61,7 +63,7 @@ def zombie_with_pending_offsets(runner: KafkaRunner, config: settings.Settings) 
         records += [m for m in consumer.consume(RECORDS, 1.0) if not m.error()]
     assert len(records) == RECORDS
     task.process(records)
-    offsets = [task.prepare_commit()]
+    offsets = task.prepare_commit()
     txn.call(producer.send_offsets_to_transaction, offsets, consumer.consumer_group_metadata(), 10)
     consumer.close()  # leaves the group: p0 goes to the next member, the transaction stays open
     return Zombie(task, consumer)

@@ -198,3 +198,23 @@ def test_snapshot_on_shutdown_makes_the_next_restore_read_no_changelog(kafka_boo
         app, kafka_bootstrap, dead_letter_topic=f"{app_id}-dlq", changelog_topic=f"{app_id}-changelog", group_id=app_id
     )
     assert verdict.ok, verdict.summary()  # the state the outputs continued from was the committed one
+
+
+def test_input_records_deleted_before_processing_stop_the_partition_naming_the_fix(kafka_bootstrap, caplog):
+    """Retention (or delete_records) removed input records the group had not processed: p stops with an ERROR that
+    says what was lost and how to go on; nothing after the gap is processed. With auto.offset.reset=earliest the
+    consumer jumped over them silently (a broker-restart fault run lost 200 records so)."""
+    app, app_id = fresh_app(kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 100, partitions=1, seed=1)
+    process_all(app, app_id, kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 100, partitions=1, seed=2)
+    tp = TopicPartition(app.input_topic, 0, 150)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})  # kept: a collected client never answers
+    admin.delete_records([tp], request_timeout=10)[tp].result(10)
+    runner = make_runner(app, app_id, kafka_bootstrap)
+    with running(runner):
+        eventually(lambda: runner.tasks.get(0) is not None and runner.tasks[0].phase.value == "stopped", 30)
+    assert "the records from offset 100 on were deleted before they were processed" in caplog.text
+    assert "--reset-offsets --to-earliest" in caplog.text
+    lag = wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 1)
+    assert lag == {0: 100}, "the committed offset moved past the gap"

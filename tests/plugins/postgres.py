@@ -33,10 +33,11 @@ def postgres_dsn() -> Iterator[str]:
         yield dsn
         return
     if docker_available():
-        from testcontainers.community.postgres import PostgresContainer
+        from tests.image.servers import build_images, postgres_server  # imports testcontainers only when it is used
 
-        with PostgresContainer("postgres:15", username="pipeline", password="pipeline", dbname="pipeline") as pg:
-            yield pg.get_connection_url(driver=None)
+        build_images()
+        with postgres_server() as dsn:
+            yield dsn
         return
     was_running = "running" in _postgres_sh("status")
     _postgres_sh("start")

@@ -52,11 +52,11 @@ def test_a_finished_restore_puts_the_position_at_the_committed_offset_before_res
 
     class Finished:
         partition, state, snapshot, end = 0, runner.tasks[0].state, None, 0
-        seconds, records, snapshot_entries = 0.1, 0, 0
+        seconds, records, snapshot_entries, tables = 0.1, 0, 0, None
 
         def summary(self) -> str:
             return "p0 restored"
 
-    runner._restored(Finished())
+    runner._restored(runner.tasks[0], Finished())
     assert consumer.moves() == [("seek", 0, 10), ("resume", 0, None)]
     assert runner.tasks[0].phase is Phase.RUNNING

@@ -27,26 +27,26 @@ from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_INVALID,
     Consumer,
     KafkaException,
     Message,
     Producer,
-    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
+from pipeline.core.configure import configured
 from pipeline.core.deadletter import dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka import takeover
+from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.snapshot import publish_shutdown_snapshot
+from pipeline.sinks.kafka.takeover import TakeOver
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import (
     PartitionDropped,
@@ -56,6 +56,7 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
+from pipeline.state.global_tables import GlobalTables, Targets
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
@@ -76,7 +77,7 @@ def commit_transaction(txn: Transaction, consumer: Consumer) -> None:
     started = time.monotonic()
     # 1. Each task stages its state changes and a checkpoint (the input offset they cover) in its changelog
     #    partition, and says how far it consumed (nothing, if it never had a position).
-    offsets = [offset for task in tasks if (offset := task.prepare_commit()) is not None]
+    offsets = [offset for task in tasks for offset in task.prepare_commit()]
     txn.commits += 1
     if txn.abort_hook is not None and txn.abort_hook(txn.commits):
         raise TransactionAborted("injected abort (test hook)")
@@ -147,13 +148,13 @@ def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
     task.close()
 
 
-class KafkaRunner(PollLoop):
+class KafkaRunner(TakeOver, PollLoop):
     def __init__(self, app: App, settings: Settings, abort_hook: Callable[[int], bool] | None = None) -> None:
         super().__init__(settings)
-        self.app = app
+        self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name
-        self.input_topic = settings.input_topic or app.input_topic
-        self.output_topic = settings.output_topic or app.output_topic
+        self.input_topic, self.output_topic = app.input_topic, app.output_topic
+        self.topics = app.co_partitioned  # what task p reads partition p of: the inputs, then the tables
         self.changelog_topic = settings.changelog_topic or changelog_topic(self.app_id)
         self.snapshot_topic = settings.snapshot_topic or snapshot_topic(self.app_id)
         self.dead_letter_topic = settings.dead_letter_topic or dead_letter_topic(self.app_id)
@@ -172,7 +173,11 @@ class KafkaRunner(PollLoop):
             self._make_restore_consumer,
             lambda: AdminClient(client_config(settings)),
             self.admin,
+            app.table_specs,
         )
+        self.global_tables = self._global_tables() if app.global_tables else None
+        self._awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]] = {}
+        self._deleted_before_start: dict[int, tuple[str, str]] = {}
         self._ctx: KafkaTaskContext | None = None
         self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
         self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
@@ -210,6 +215,16 @@ class KafkaRunner(PollLoop):
             self._process_txn = self._new_transaction(self._process_txn_id)
         return self._process_txn
 
+    def _global_tables(self) -> GlobalTables:
+        s = self.settings
+        make_consumer = lambda: Consumer(restore_consumer_config(s, f"{self.app_id}.global"))  # noqa: E731
+        timeouts = (s.request_timeout_ms / 1000, s.restore_timeout_ms / 1000)
+        return GlobalTables(self.app.global_table_specs, make_consumer, self.admin, self.metrics, *timeouts)
+
+    def _new_task(self, p: int) -> KafkaTask:
+        task_type = MultiInputTask if self.app.multi_input else KafkaTask
+        return task_type(self.ctx, p, self._transaction_for(p))
+
     def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
         producer = self._make_producer(txn_id if self.settings.exactly_once else None)
         observe = self.metrics.commit_latency.observe
@@ -227,8 +242,12 @@ class KafkaRunner(PollLoop):
             self.changelog_topic,
             self.snapshot_topic,
             self.dead_letter_topic,
+            self.topics[1:],
+            tuple(t.topic for t in self.app.global_table_specs.values()),
         )
         takeover.prepare_topics(self.admin, names, self.settings, self.app.stateful)
+        if self.global_tables is not None:  # before joining the group: before any task processes
+            self.global_tables.restore()
         self.consumer = Consumer(consumer_config(self.settings, self.app_id))
         self._ctx = KafkaTaskContext(
             self.app,
@@ -240,6 +259,7 @@ class KafkaRunner(PollLoop):
             self.dead_letter_topic,
             self.input,
             self.metrics,
+            global_tables=self.global_tables.views if self.global_tables is not None else {},
             schedule=self.schedule,
         )
         if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
@@ -268,14 +288,18 @@ class KafkaRunner(PollLoop):
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
             self.input.close()
+        if self.global_tables is not None:
+            self.global_tables.close()
         self._commit_pool.shutdown()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
         holding = self.app.timed and any(t.holding for t in self.tasks.values())  # timers walk them every turn anyway
-        busy = self.restores.busy or bool(self._seeking()) or holding
+        busy = self.restores.busy or bool(self._seeking()) or holding or bool(self._awaiting_globals)
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
+        if self.global_tables is not None:  # before the records: what they read is at least as new as what they see
+            self.global_tables.poll()
         self._dispatch(messages)
         self._tick_timers()
         self._commit_due()
@@ -296,8 +320,9 @@ class KafkaRunner(PollLoop):
 
     def _tick_timers(self) -> None:
         """Wall-clock timers fire even when no record arrives, and a burst of due stream timers goes on, both bounded
-        per turn (docs/guarantees.md: timers-exactly-once)."""
-        if not self.app.timed or self._ctx is None:
+        per turn (docs/guarantees.md: timers-exactly-once); with several inputs, an input waited for long enough
+        lets the others' records go on."""
+        if not (self.app.timed or self.app.multi_input) or self._ctx is None:
             return
         now_ms = self.ctx.wall_clock()
         for task in list(self.tasks.values()):
@@ -347,9 +372,25 @@ class KafkaRunner(PollLoop):
         except PartitionDropped as e:
             self._drop(task.txn, str(e))
         except PoisonRecordStop as e:
-            self._commit(task.txn)  # what came before the poison record is good: keep it
-            if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
-                self._stop_partition(task, e)
+            self._commit_then_stop(task, e)
+
+    def _commit_then_stop(self, task: KafkaTask, error: PoisonRecordStop) -> None:
+        self._commit(task.txn)  # what came before the poison record (or the deleted ones) is good: keep it
+        if task.phase is not Phase.DROPPED:  # dropped by that commit: taken over again, and stopped then
+            self._stop_partition(task, error)
+
+    def _input_records_deleted(self, topic: str, p: int, detail: str) -> None:
+        task = self.tasks.get(p)
+        if task is not None and task.phase in (Phase.NEW, Phase.RESTORING):
+            # librdkafka checks the position as soon as p is assigned, paused or not, and says it once: p stops
+            # when its restore ends (without this, p ran on with a fetcher that never fetched again)
+            self._deleted_before_start[p] = (topic, detail)
+            return
+        if task is None or task.phase not in (Phase.RUNNING, Phase.REWINDING):
+            log.error("%s[%d]: position below the log start, p not running (%s)", topic, p, detail)
+            return
+        position = self._positions(task).get(topic)
+        self._commit_then_stop(task, InputRecordsDeleted(topic, p, position, self.app_id, detail))
 
     def _drop(self, txn: Transaction, reason: str) -> None:
         """Drops every task whose work went through `txn`'s producer, which can never commit again (one task; or,
@@ -380,69 +421,17 @@ class KafkaRunner(PollLoop):
                 self.tasks.pop(p)
                 self._take_over([p], reassign=True)
 
-    # -- assignment, restore, revocation ---------------------------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._take_over([tp.partition for tp in partitions], reassign=False)
-
-    def _take_over(self, partitions: list[int], reassign: bool) -> None:
-        """Fence, then the committed offsets, then the position, then the restore (docs/guarantees.md: fence-first);
-        `reassign`: p is still assigned (and paused) since it was dropped, so only its position moves."""
-        if self._process_txn is not None and self._process_txn.open:
-            # The committed offsets below may wait for a previous owner's transaction (PRODUCERS=per_process), up to
-            # TRANSACTION_TIMEOUT_MS: long enough for the broker to abort ours, open meanwhile. Commit it first.
-            self._commit(self._process_txn)
-        tasks = [KafkaTask(self.ctx, p, self._transaction_for(p)) for p in partitions]
-        self._fence(tasks)
-        committed = self._committed_offsets(partitions)
-        if reassign:
-            for p in partitions:
-                self.input.seek(
-                    TopicPartition(self.input_topic, p, OFFSET_BEGINNING if (o := committed[p]) is None else o)
-                )
-        else:
-            self.input.incremental_assign(
-                [
-                    TopicPartition(self.input_topic, p, OFFSET_INVALID if (o := committed[p]) is None else o)
-                    for p in partitions
-                ]
-            )
-        self._resume_assigned(partitions)
-        for task in tasks:
-            self.tasks[task.partition] = task
-            task.start(committed[task.partition])
-            if task.phase is Phase.RESTORING:
-                self._pause(task.partition)
-                self.restores.start(task.partition, task.committed_offset)
-        self.metrics.assigned.set(len(self.tasks))
-        log.info("assigned %s (committed offsets %s)", partitions, committed)
-
-    def _fence(self, tasks: list[KafkaTask]) -> None:
-        """Before any of their offsets or state are read (docs/guarantees.md: fence-first)."""
-        takeover.fence(list({id(t.txn): t.txn for t in tasks}.values()), self.settings)
-
-    def _committed_offsets(self, partitions: list[int]) -> dict[int, int | None]:
-        return takeover.committed_offsets(self.input, self.input_topic, partitions, self.settings)
-
-    def _advance_restores(self) -> None:
-        for restore in self.restores.step():
-            self._restored(restore)
-
-    def _restored(self, restore: ChangelogRestore) -> None:
-        p = restore.partition
-        task = self.tasks[p]
-        task.restored(restore.state, restore.snapshot, restore.end)
-        task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
-        self.input.resume([TopicPartition(self.input_topic, p)])
-        self.metrics.observe_restore(p, restore.seconds, restore.records, restore.snapshot_entries)
-        log.info("%s", restore.summary())
-
-    def _owned_partitions(self) -> dict[int, KafkaTask]:
-        return self.tasks
-
     def _close_partition(self, p: int, commit: bool) -> None:
         self.restores.forget(p)
         self._dropped_at.pop(p, None)
+        self._awaiting_globals.pop(p, None)
+        self._deleted_before_start.pop(p, None)
         task = self.tasks.pop(p, None)
         if task is not None:
             close_task(task, self.input, commit)
-            self.metrics.forget_partition(p)
+            self.metrics.forget_partition(p, self.topics)
+        if len(self.topics) > 1:
+            # Every topic of p, the group's too: once a revoke callback unassigns anything itself, librdkafka leaves
+            # the rest to it. Unassigning only the companions left the first input's p assigned, and when the group
+            # handed p back the assign failed (_CONFLICT "already part of the current assignment"): a zombie run.
+            self.input.incremental_unassign(self._topic_partitions(p))

@@ -44,6 +44,7 @@ def publish_shutdown_snapshot(task: KafkaTask, snapshot_topic: str) -> Manifest 
             entries=task.state.encoded_items(),
             changelog_offset=changelog_end,
             input_offset=task.committed_offset,
+            input_offsets=task.committed_offsets_by_topic(),
             base=base,
             timeout_s=txn.timeout_s,
         )

@@ -6,19 +6,29 @@ then assign, then restore (docs/guarantees.md: fence-first)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from pipeline.app import App
+from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.errors import kafka_error
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
+from pipeline.metrics import Metrics
 from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
+from pipeline.sinks.kafka.inputs import MultiInputTask
+from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
+from pipeline.state.global_tables import GlobalTables, Targets
+from pipeline.state.restore import ChangelogRestore
+from pipeline.state.restore_manager import RestoreManager
 
 log = logging.getLogger(__name__)
 # While the transaction or group coordinator moves (a broker restarting): asked again this often.
@@ -37,6 +47,8 @@ def prepare_topics(admin: AdminClient, names: Names, settings: Settings, statefu
         admin,
         input_topic=names.input_topic,
         output_topic=names.output_topic,
+        co_partitioned=names.co_partitioned,
+        global_tables=names.global_tables,
         internal=internal,
         replication_factor=settings.topic_replication_factor,
         timeout_s=settings.request_timeout_ms / 1000,
@@ -80,13 +92,14 @@ def _fence_one(txn: Transaction, settings: Settings) -> str | None:
 
 
 def committed_offsets(
-    consumer: Consumer, topic: str, partitions: list[int], settings: Settings
-) -> dict[int, int | None]:
-    """The group's committed offsets, retried while the coordinator moves (bounded: 3 request time-outs). They are
-    read stable (read_committed makes librdkafka ask with require_stable): while a previous owner's transaction
-    holding offsets of p is open, the broker answers UNSTABLE_OFFSET_COMMIT and librdkafka asks again, so the wait
-    lasts until that transaction ends, at most TRANSACTION_TIMEOUT_MS (docs/guarantees.md: zombies-stay-out)."""
-    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer: Consumer, topics: Sequence[str], partitions: list[int], settings: Settings
+) -> dict[int, dict[str, int | None]]:
+    """p -> topic -> the group's committed offset of partition p of each topic (None: nothing committed), retried
+    while the coordinator moves (bounded: 3 request time-outs). They are read stable (read_committed makes librdkafka
+    ask with require_stable): while a previous owner's transaction holding offsets of p is open, the broker answers
+    UNSTABLE_OFFSET_COMMIT and librdkafka asks again, so the wait lasts until that transaction ends, at most
+    TRANSACTION_TIMEOUT_MS (docs/guarantees.md: zombies-stay-out)."""
+    tps = [TopicPartition(t, p) for p in partitions for t in topics]
     timeout_s = settings.request_timeout_ms / 1000
 
     def failed(error: Exception, failures: int, delay: float | None) -> None:
@@ -103,9 +116,141 @@ def committed_offsets(
         )
     except KafkaException as e:
         raise FatalRunnerError(f"committed offsets of {partitions} not readable: {e.args[0]}") from e
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
+    offsets: dict[int, dict[str, int | None]] = {p: {} for p in partitions}
+    for tp in result:
+        offsets[tp.partition][tp.topic] = tp.offset if tp.offset >= 0 else None
+    return {p: {t: offsets[p].get(t) for t in topics} for p in partitions}
 
 
 def _not_fatal(error: Exception) -> bool:
     known = kafka_error(error)
     return isinstance(error, KafkaException) and not (known is not None and known.fatal())
+
+
+class TakeOver:
+    """How the Kafka runner (pipeline/sinks/kafka/runner.py) takes partitions over and gives them up: fence, committed
+    offsets, position, restore (state, co-partitioned tables, global tables read far enough), then running; and the
+    close when a partition goes. A mixin of KafkaRunner, apart so that the runner's file holds the loop and the
+    transaction protocol."""
+
+    app: App
+    settings: Settings
+    metrics: Metrics
+    input_topic: str
+    topics: tuple[str, ...]
+    tasks: dict[int, KafkaTask]
+    restores: RestoreManager
+    global_tables: GlobalTables | None
+    _awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]]
+    _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
+    _dropped_at: dict[int, float]
+    _process_txn: Transaction | None
+
+    if TYPE_CHECKING:  # the runner's, used here
+
+        @property
+        def input(self) -> Consumer: ...
+
+        def _commit(self, txn: Transaction) -> None: ...
+
+        def _input_records_deleted(self, topic: str, p: int, detail: str) -> None: ...
+
+        def _new_task(self, p: int) -> KafkaTask: ...
+
+        def _pause(self, p: int) -> None: ...
+
+        def _resume_assigned(self, partitions: list[int]) -> None: ...
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._take_over([tp.partition for tp in partitions], reassign=False)
+
+    def _take_over(self, partitions: list[int], reassign: bool) -> None:
+        """Fence, then the committed offsets, then the position, then the restore (docs/guarantees.md: fence-first);
+        `reassign`: p is still assigned (and paused) since it was dropped, so only its position moves. Every topic of
+        p goes along: the group assigns the first input's partitions, the runner the other topics' (docs/inputs.md)."""
+        if self._process_txn is not None and self._process_txn.open:
+            # The committed offsets below may wait for a previous owner's transaction (PRODUCERS=per_process), up to
+            # TRANSACTION_TIMEOUT_MS: long enough for the broker to abort ours, open meanwhile. Commit it first.
+            self._commit(self._process_txn)
+        tasks = [self._new_task(p) for p in partitions]
+        self._fence(tasks)
+        committed = self._committed_offsets(partitions)
+        positions = [(t, p, o) for p in partitions for t, o in committed[p].items()]
+        if reassign:
+            for t, p, o in positions:
+                self.input.seek(TopicPartition(t, p, OFFSET_BEGINNING if o is None else o))
+        else:
+            self.input.incremental_assign(
+                [TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for t, p, o in positions]
+            )
+        self._resume_assigned(partitions)
+        targets = self.global_tables.targets() if self.global_tables is not None else None
+        for task in tasks:
+            self._start(task, committed[task.partition], targets)
+        self.metrics.assigned.set(len(self.tasks))
+        log.info("assigned %s (committed offsets %s)", partitions, committed)
+
+    def _start(self, task: KafkaTask, committed: dict[str, int | None], targets: Targets | None) -> None:
+        """p's committed offsets become its position; its state is restored, and its global tables read up to
+        `targets`, before it processes anything (p stays paused meanwhile)."""
+        p = task.partition
+        self.tasks[p] = task
+        task.start_all(committed, restore=self.app.stateful or targets is not None)
+        if task.phase is not Phase.RESTORING:
+            return
+        self._pause(p)
+        if self.app.stateful:
+            self.restores.start(p, committed if self.app.multi_input else committed[self.input_topic])
+        if targets is not None:
+            self._awaiting_globals[p] = (targets, None)
+
+    def _fence(self, tasks: list[KafkaTask]) -> None:
+        """Before any of their offsets or state are read (docs/guarantees.md: fence-first)."""
+        fence(list({id(t.txn): t.txn for t in tasks}.values()), self.settings)
+
+    def _committed_offsets(self, partitions: list[int]) -> dict[int, dict[str, int | None]]:
+        """p -> topic -> the group's committed offset of every topic task p reads."""
+        return committed_offsets(self.input, self.topics, partitions, self.settings)
+
+    def _advance_restores(self) -> None:
+        for finished in self.restores.step():
+            if finished.partition in self._awaiting_globals:
+                targets, _ = self._awaiting_globals[finished.partition]
+                self._awaiting_globals[finished.partition] = (targets, finished)
+            else:
+                self._restored(self.tasks[finished.partition], finished)
+        for p, (targets, restore) in list(self._awaiting_globals.items()):
+            if (restore is not None or not self.app.stateful) and self._globals_reached(targets):
+                del self._awaiting_globals[p]
+                self._restored(self.tasks[p], restore)
+
+    def _globals_reached(self, targets: Targets) -> bool:
+        return self.global_tables is None or self.global_tables.reached(targets)
+
+    def _restored(self, task: KafkaTask, restore: ChangelogRestore | None) -> None:
+        """p's state and tables are complete: p is sought to its committed offsets and resumed."""
+        p = task.partition
+        if restore is None:  # stateless: it only waited for the global tables
+            task.restored(task.state)
+        else:
+            task.restored(restore.state, restore.snapshot, restore.end)
+            if restore.tables is not None and isinstance(task, MultiInputTask):
+                task.tables_restored(restore.tables.stores, restore.tables.positions)
+            self.metrics.observe_restore(p, restore.seconds, restore.records, restore.snapshot_entries)
+            log.info("%s", restore.summary())
+        if (deleted := self._deleted_before_start.pop(p, None)) is not None:  # reported while p restored
+            self._input_records_deleted(deleted[0], p, deleted[1])  # p stops (paused), its position unusable
+            return
+        task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
+        self.input.resume(self._topic_partitions(p))
+
+    def _owned_partitions(self) -> dict[int, KafkaTask]:
+        return self.tasks
+
+    def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
+        if isinstance(owned, MultiInputTask):
+            return dict(owned.next_offsets)
+        return {self.input_topic: owned.next_offset}
+
+    def _topic_partitions(self, p: int) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t in self.topics]

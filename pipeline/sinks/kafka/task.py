@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from pipeline.app import App, Output, Record
+from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message
@@ -41,7 +41,7 @@ from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.serde import JSON, identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state import PartitionState
@@ -68,6 +68,7 @@ class KafkaTaskContext:
     consumer: Consumer
     metrics: Metrics
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
+    global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
     schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
 
 
@@ -81,6 +82,7 @@ class KafkaTask(Task):
         self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
         self.producer = txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
+        self.state.tables = self.table_views()
         self._staged = 0  # transactions p staged work in; the checkpoint of the n-th one is reported by delivery
         self._committed_txn = 0  # ... and the last of them that committed
         # For a snapshot on shutdown: what the state is a fold of. Set when the restore ends (restored()), then
@@ -102,12 +104,22 @@ class KafkaTask(Task):
     def start(self, committed_offset: int | None, restore: bool | None = None) -> None:
         super().start(committed_offset, self.app.stateful if restore is None else restore)
 
+    def start_all(self, committed: Mapping[str, int | None], restore: bool) -> None:
+        """The group's committed offset of each topic p reads (a one-input App: its input) becomes its position."""
+        self.start(committed[self.input_topic], restore)
+
     def restored(self, state: PartitionState, snapshot_base: Manifest | None = None, end: int | None = None) -> None:
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
         started from (None: the whole changelog), `end` the changelog offset it covers up to. Timers are queued and
         older state versions migrated here; state of a newer version refuses (StateVersionError)."""
-        super().restored(restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock))
+        state = restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock)
+        state.tables = self.table_views()
+        super().restored(state)
         self.snapshot_base, self.changelog_end = snapshot_base, end
+
+    def table_views(self) -> dict[str, Mapping[Any, Any]]:
+        """The tables `process` reads through `state.tables` (a one-input App's: the global ones)."""
+        return dict(self.ctx.global_tables)
 
     # -- 2. process ----------------------------------------------------------------------------------------------------
     def process(self, messages: list[Consumed]) -> None:
@@ -117,6 +129,7 @@ class KafkaTask(Task):
             self._timers.held.extend(messages)
             return
         app, state, partition, timers = self.app, self.state, self.partition, self._timers
+        name = app.streams[0].name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
         decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
         encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
@@ -140,7 +153,7 @@ class KafkaTask(Task):
                 # (copier ~8 % slower, measured); a retry (pipeline/core/processing.py) decodes through App.decode.
                 key = msg.key() if decode_key is None else decode_key(msg.key())
                 value = msg.value() if decode_value is None else decode_value(msg.value())
-                record = Record(key, value, msg.topic(), partition, offset, msg.timestamp()[1], msg.headers() or ())
+                record = Record(key, value, name, partition, offset, msg.timestamp()[1], msg.headers() or ())
                 # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
                 outputs = [encode(o) for o in user_process(state, record)]
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
@@ -164,28 +177,48 @@ class KafkaTask(Task):
         self.producer.poll(0)
 
     def _encoder(self) -> Callable[[Output], Encoded]:
-        """Output -> (topic, key bytes, value bytes, partition or -1, headers)."""
-        app, output_topic = self.app, self.ctx.output_topic
-        encode_key, encode_value = (
-            skip_bytes_serialize(app.output_key_serde),
-            skip_bytes_serialize(app.output_value_serde),
-        )
+        """Output -> (topic, key bytes, value bytes, partition or -1, headers); an output that dead-letters a held
+        record (app.dead_letter) -> the dead letter."""
+        app, output_topic, held = self.app, self.ctx.output_topic, self._held_dead_letter
+        encode_key = skip_bytes_serialize(app.output_key_serde)
+        encode_value = skip_bytes_serialize(app.output_value_serde)
         if encode_key is None and encode_value is None:
             return lambda o: (
-                o.topic or output_topic,
-                o.key,
-                o.value,
-                -1 if o.partition is None else o.partition,
-                o.headers,
+                held(o)
+                if o.topic is DEAD_LETTERS
+                else (o.topic or output_topic, o.key, o.value, -1 if o.partition is None else o.partition, o.headers)
             )
         key_of, value_of = encode_key or identity, encode_value or identity
         return lambda o: (
-            o.topic or output_topic,
-            key_of(o.key),
-            value_of(o.value),
-            -1 if o.partition is None else o.partition,
-            o.headers,
+            held(o)
+            if o.topic is DEAD_LETTERS
+            else (
+                o.topic or output_topic,
+                key_of(o.key),
+                value_of(o.value),
+                -1 if o.partition is None else o.partition,
+                o.headers,
+            )
         )
+
+    def _held_dead_letter(self, output: Output) -> Encoded:
+        """The dead letter of a record `process` held earlier (app.dead_letter): its bytes as its input's serdes
+        write them, the dead-letter headers naming its own coordinates."""
+        meta = JSON.deserialize(dict(output.headers)[HELD_HEADER])
+        stream = self.app.stream(meta["topic"])  # the held record says its input as the App declares it
+        letter = DeadLetter(
+            stream.topic,
+            meta["partition"],
+            meta["offset"],
+            stream.key_serde.serialize(output.key),
+            stream.value_serde.serialize(output.value),
+            meta["error_type"],
+            meta["message"],
+            1,
+            rejected=True,
+        )
+        self.metrics.dead_letters.inc()
+        return (self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
 
     def _retry(self, msg: Consumed, error: Exception) -> list[Encoded] | None:
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter goes
@@ -238,17 +271,22 @@ class KafkaTask(Task):
         self.open_batch()
 
     # -- 3. the runner's commit (docs/guarantees.md: one-transaction) --------------------------------------------------
-    def prepare_commit(self) -> TopicPartition | None:
+    def prepare_commit(self) -> list[TopicPartition]:
         """Step 1: p's state changes and a checkpoint into p's changelog partition; p's next offset for step 2. None
-        when p has no position yet: its first record ever stopped p (ON_POISON=stop), so nothing of p was consumed
+        of it when p has no position yet: its first record ever stopped p (ON_POISON=stop), so nothing of p was consumed
         and there is nothing of p to commit."""
         if self.next_offset is None:
-            return None
+            return []
+        self._stage_changelog(Checkpoint(self.input_topic, self.partition, self.next_offset))
+        self._staged += 1
+        return [TopicPartition(self.input_topic, self.partition, self.next_offset)]
+
+    def _stage_changelog(self, checkpoint: Checkpoint) -> None:
+        """p's state changes, then the checkpoint, into p's changelog partition (a stateful App only)."""
         if self.app.stateful:
             topic, p = self.ctx.changelog_topic, self.partition
             for key, value in self.state.changes():
                 self._produce(topic, key.encode(), value, p, [])
-            checkpoint = Checkpoint(self.input_topic, p, self.next_offset)
             self._produce(
                 topic,
                 CHECKPOINT_KEY,
@@ -257,8 +295,6 @@ class KafkaTask(Task):
                 [CHECKPOINT_HEADER],
                 on_delivery=self._checkpoint_delivered(self._staged + 1),
             )
-        self._staged += 1
-        return TopicPartition(self.input_topic, self.partition, self.next_offset)
 
     def committed(self) -> None:
         """Step 4: the transaction is committed; p's committed offset and state move forward."""
@@ -271,6 +307,10 @@ class KafkaTask(Task):
                 self._checkpoint_at = (txn, message.offset())
 
         return delivered
+
+    def committed_offsets_by_topic(self) -> dict[str, int | None] | None:
+        """Every topic's committed offset, for an App with several inputs (a snapshot's manifest names them)."""
+        return None
 
     def snapshot_coverage(self) -> tuple[Manifest | None, int] | None:
         """For a full snapshot of the committed state (SNAPSHOT_ON_SHUTDOWN, pipeline/sinks/kafka/snapshot.py): the

@@ -32,14 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import psycopg_pool
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter
 
 from pipeline.app import App
+from pipeline.core.configure import configured
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
@@ -98,10 +99,15 @@ class PostgresRunner(PollLoop):
                 f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
                 "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
             )
+        if app.multi_input or app.global_tables:  # docs/inputs.md
+            raise ConfigError(
+                f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
+                "SINK=postgres cannot run this App"
+            )
         super().__init__(settings)
-        self.app = app
+        self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name
-        self.input_topic = settings.input_topic or app.input_topic
+        self.input_topic = app.input_topic
         self.sink = sink_of(app)
         self.db_errors = Counter(
             "pipeline_postgres_errors",
@@ -112,6 +118,7 @@ class PostgresRunner(PollLoop):
         self.tasks: dict[int, PostgresTask] = {}
         self._retry_at: dict[int, float] = {}  # p's task is NEW: take p over then
         self._failures: dict[int, int] = {}  # database failures of p in a row
+        self._deleted_before_start: dict[int, tuple[str, str]] = {}  # p -> (topic, detail), reported while restoring
         self._backoff = Backoff(FIRST_BACKOFF_S, 2, settings.postgres_retry_backoff_max_ms / 1000)
         self._timeout_s = settings.request_timeout_ms / 1000
         self.pool: psycopg_pool.ConnectionPool | None = None
@@ -267,6 +274,16 @@ class PostgresRunner(PollLoop):
         self._retry_at[p] = time.monotonic() + delay
         self._pause(p)
 
+    def _input_records_deleted(self, topic: str, p: int, detail: str) -> None:
+        task = self.tasks.get(p)
+        if task is not None and task.phase in (Phase.NEW, Phase.RESTORING, Phase.REWINDING):
+            self._deleted_before_start[p] = (topic, detail)  # said once, at assignment: p stops once sought
+            return
+        if task is None or task.phase is not Phase.RUNNING:
+            log.error("%s[%d]: position below the log start, p not running (%s)", topic, p, detail)
+            return
+        self._poisoned(p, InputRecordsDeleted(topic, p, task.next_offset, self.app_id, detail))
+
     def _poisoned(self, p: int, error: PoisonRecordStop) -> None:
         if (failure := self._try_commit(p)) is not None:  # what came before the poison record is good: keep it
             self._failed(p, failure)
@@ -307,7 +324,10 @@ class PostgresRunner(PollLoop):
         (docs/guarantees.md: rewind-after-abort): records of p fetched while p restored were dropped by _dispatch."""
         for task in self.schedule.waiting((Phase.REWINDING,), self.tasks):
             p = task.partition
-            if task.try_seek_back(self.input):
+            if (deleted := self._deleted_before_start.pop(p, None)) is not None:  # no position to seek to
+                topic, detail = deleted
+                self._stop_partition(task, InputRecordsDeleted(topic, p, task.committed_offset, self.app_id, detail))
+            elif task.try_seek_back(self.input):
                 self.input.resume([TopicPartition(self.input_topic, p)])
                 log.info("p%d: reading from offset %s (epoch %s)", p, task.committed_offset, task.epoch)
 
@@ -334,7 +354,7 @@ class PostgresRunner(PollLoop):
         for p, result in zip(ps, results, strict=True):
             if isinstance(result, Exception):
                 failed.append((p, result))
-                assignment.append(TopicPartition(self.input_topic, p, OFFSET_INVALID))
+                assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING))  # paused; sought later
             else:
                 assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
         consumer.incremental_assign(assignment)
@@ -370,6 +390,7 @@ class PostgresRunner(PollLoop):
             self.metrics.forget_partition(p)
         self._retry_at.pop(p, None)
         self._failures.pop(p, None)
+        self._deleted_before_start.pop(p, None)
 
     def _pause(self, p: int) -> None:
         try:

@@ -7,6 +7,8 @@ being in the oracle, and unit tests feed it in-memory runs. Reading Kafka into a
     records.py    KafkaRecord, TopicDump, RunData: what a run left behind, as plain lists
     reference.py  fold_reference: `app.process` run offline over the input (the reference)
     checks.py     the checks, one category each, and `check(app, run)` that runs them all
+    offsets.py    the committed offsets and checkpoints
+    inputs.py     several inputs and tables: the order each task took their records in, replayed (docs/inputs.md)
     verdict.py    Verdict: per category the count and first problems, as text or JSON
 
 What "correct" means, per input coordinate (partition, offset):
@@ -28,17 +30,15 @@ from pipeline.testing.oracle.checks import (
     check_content,
     check_duplicates,
     check_losses,
-    check_next_offset,
-    check_offsets,
     check_order,
     check_state,
     compare_states,
     extra_outputs,
-    last_checkpoints,
     observer_subset_of_final,
     outputs_by_source,
     parse_dead_letters,
 )
+from pipeline.testing.oracle.offsets import check_next_offset, check_offsets, last_checkpoints
 from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
 from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
 from pipeline.testing.oracle.verdict import CATEGORIES, SAMPLE_LIMIT, Findings, Problem, Verdict

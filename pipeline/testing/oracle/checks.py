@@ -9,12 +9,12 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import orjson
-
 from pipeline.app import App
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.provenance import TIMER_HEADER, decode_timer
-from pipeline.state.changelog import Checkpoint, is_checkpoint
+from pipeline.state.changelog import is_checkpoint
+from pipeline.testing.oracle.inputs import GLOBAL_TABLE_NOTE, all_inputs, by_declared_names, fold_several, topics_of
+from pipeline.testing.oracle.offsets import check_offsets, check_offsets_several
 from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
 from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
 from pipeline.testing.oracle.timers import check_timers, comparable, timer_outputs
@@ -38,10 +38,11 @@ def outputs_by_source(outputs: Iterable[KafkaRecord]) -> dict[Coord, list[KafkaR
 
 
 def parse_dead_letters(
-    records: Iterable[KafkaRecord], input_topic: str, content: Findings
+    records: Iterable[KafkaRecord], input_topic: str | Sequence[str], content: Findings
 ) -> dict[Coord, list[DeadLetterEntry]]:
-    """Dead letters of `input_topic` grouped by the input coordinate they name. Unreadable ones are content
-    problems."""
+    """Dead letters of `input_topic` (or of several inputs: a record of the i-th has coordinate (partition, offset,
+    i)) grouped by the input coordinate they name. Unreadable ones are content problems."""
+    topics = [input_topic] if isinstance(input_topic, str) else list(input_topic)
     grouped: dict[Coord, list[DeadLetterEntry]] = defaultdict(list)
     for record in sorted(records, key=lambda r: r.coord):
         where = f"dlq {record.partition}@{record.offset}"
@@ -50,10 +51,12 @@ def parse_dead_letters(
         except (KeyError, ValueError) as e:
             content.add(where, f"unreadable dead-letter headers ({type(e).__name__}: {e})")
             continue
-        if letter.topic != input_topic:
-            content.add(where, f"names topic {letter.topic!r}, not the input {input_topic!r}")
+        if letter.topic not in topics:
+            content.add(where, f"names topic {letter.topic!r}, not the input {' or '.join(topics)!r}")
             continue
-        grouped[(letter.partition, letter.offset)].append(DeadLetterEntry(record, letter))
+        index = topics.index(letter.topic)
+        at: Coord = (letter.partition, letter.offset) if index == 0 else (letter.partition, letter.offset, index)
+        grouped[at].append(DeadLetterEntry(record, letter))
     return dict(grouped)
 
 
@@ -110,8 +113,10 @@ def check_content(
     dead: Mapping[Coord, list[DeadLetterEntry]],
     reference: Reference,
     found: Findings,
+    compare_values: bool = True,
 ) -> Findings:
-    """Adds to `found` (which may already hold unreadable dead letters) and returns it."""
+    """Adds to `found` (which may already hold unreadable dead letters) and returns it. Without `compare_values`,
+    outputs are compared by key and partition only (an App reading global tables: see oracle/inputs.py)."""
     for out in sorted(outputs, key=lambda r: r.coord):
         if out.source is None and not any(name == TIMER_HEADER for name, _ in out.headers):
             found.add(f"out {out.partition}@{out.offset}", "no readable eos.source header")
@@ -122,6 +127,8 @@ def check_content(
             found.add(coord_name(coord), f"has output(s), though processing fails ({reference.failures[coord]})")
         else:
             for out, expected in zip(outs, reference.outputs.get(coord, ()), strict=False):
+                if not compare_values:
+                    expected = ExpectedOutput(expected.key, out.value, expected.partition)
                 if mismatch := _output_mismatch(out, expected):
                     found.add(coord_name(coord), f"out {out.partition}@{out.offset}: {mismatch}")
     for coord, entries in sorted(dead.items()):
@@ -172,11 +179,11 @@ def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord]) -> Fi
     """In each output partition, the outputs of each input partition must come in non-decreasing input offset
     (several outputs of one input share its offset). Outputs of different input partitions may interleave."""
     found = Findings()
-    last: dict[tuple[int, int], int] = {}  # (output partition, input partition) -> last input offset seen
+    last: dict[tuple[int, int, int], int] = {}  # (output partition, input partition, input) -> last offset seen
     for out in sorted(outputs, key=lambda r: r.coord):
         if out.coord in extras or (source := _order_source(out)) is None:
             continue
-        lane = (out.partition, source[0])
+        lane = (out.partition, source[0], source[2] if len(source) > 2 else 0)  # each input partition's own
         previous = last.get(lane, -1)
         if source[1] < previous:
             found.add(
@@ -244,90 +251,46 @@ def compare_states(p: int, actual: dict[str, bytes], expected: dict[str, bytes],
             found.add(f"state p{p} {key!r}", f"changelog {clip(have)} != reference {clip(want)}")
 
 
-def last_checkpoints(changelog: Iterable[KafkaRecord], found: Findings) -> dict[int, Checkpoint]:
-    checkpoints = {}
-    for record in sorted(changelog, key=lambda r: r.coord):
-        if not is_checkpoint(record.key, list(record.headers)):
-            continue
-        try:
-            checkpoints[record.partition] = Checkpoint.decode(record.value or b"")
-        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-            found.add(f"changelog {record.partition}@{record.offset}", f"unreadable checkpoint ({e})")
-    return checkpoints
-
-
-def check_offsets(run: RunData) -> Findings:
-    """Committed offset and last checkpoint of input partition p must point past its last input record: 1 + that
-    offset, or further but only over offsets without data (commit markers of a transactional input). And they
-    must agree (docs/guarantees.md: complete-restore); that is reported only when both are plausible, so one wrong
-    offset is one problem."""
-    found = Findings()
-    last_data: dict[int, int] = {}
-    for record in run.inputs.records:
-        last_data[record.partition] = max(record.offset, last_data.get(record.partition, -1))
-    checkpoints = last_checkpoints(run.changelog.records, found) if run.changelog is not None else None
-    for p in run.inputs.partitions:
-        lowest, end = (last_data[p] + 1 if p in last_data else None), run.inputs.ends[p]
-        committed = run.committed.get(p)
-        committed_ok = check_next_offset(found, f"committed p{p}", committed, lowest, end)
-        if checkpoints is None:
-            continue
-        checkpoint = checkpoints.get(p)
-        next_offset = checkpoint.next_input_offset if checkpoint else None
-        checkpoint_ok = check_next_offset(found, f"checkpoint p{p}", next_offset, lowest, end)
-        if checkpoint_ok and committed_ok and next_offset != committed:
-            found.add(f"checkpoint p{p}", f"{next_offset}, but the committed offset is {committed}")
-        if checkpoint and (checkpoint.input_topic, checkpoint.input_partition) != (run.input_topic, p):
-            found.add(f"checkpoint p{p}", f"names {checkpoint.input_topic}:{checkpoint.input_partition}")
-    return found
-
-
-def check_next_offset(found: Findings, where: str, actual: int | None, lowest: int | None, end: int) -> bool:
-    """Whether `actual` is a correct next offset for a partition whose data ends at lowest - 1 (None: no data)."""
-    if lowest is None:  # no input records: nothing needs to be committed
-        if actual is not None and actual > end:
-            found.add(where, f"{actual}, beyond the end {end} of an empty partition")
-            return False
-        return True
-    if actual is None or not lowest <= actual <= end:
-        expected = f"{lowest}" if lowest == end else f"{lowest} (or up to {end} past trailing markers)"
-        found.add(where, f"{actual if actual is not None else 'nothing'}, expected {expected}")
-        return False
-    return True
-
-
 def check(app: App, run: RunData) -> Verdict:
     """All checks over what a run left behind. Pure: no Kafka."""
     verdict = Verdict(
-        inputs=len(run.inputs.records),
+        inputs=len(run.inputs.records) + sum(len(dump.records) for dump in run.more_inputs.values()),
         outputs=len(run.outputs.records),
         dead_letters=len(run.dead_letters.records),
         changelog_records=len(run.changelog.records) if run.changelog is not None else 0,
         final_outputs=run.outputs.records,
     )
-    inputs = {record.coord: record for record in run.inputs.records}
-    dead = parse_dead_letters(run.dead_letters.records, run.input_topic, verdict.content)
+    several = bool(run.more_inputs) or app.multi_input  # docs/inputs.md: oracle/inputs.py
+    inputs = all_inputs(run) if several else {record.coord: record for record in run.inputs.records}
+    dead = parse_dead_letters(run.dead_letters.records, topics_of(run), verdict.content)
     by_firing = timer_outputs(run.outputs.records, verdict.content)
     # A record rejected on purpose is folded all the same: the reference must reject it too.
     skip = {coord for coord, entries in dead.items() if not all(e.letter.rejected for e in entries)}
-    reference = fold_reference(
-        app,
-        run.inputs.records,
-        input_topic=run.input_topic,
-        output_topic=run.outputs.topic,
-        skip=skip,
-        wall_firings=[f for f in by_firing if f.clock == "wall"],
-    )
+    if several:
+        reference = fold_several(app, run, skip, verdict.content)
+    else:
+        reference = fold_reference(
+            app,
+            run.inputs.records,
+            input_topic=run.input_topic,
+            output_topic=run.outputs.topic,
+            skip=skip,
+            wall_firings=[f for f in by_firing if f.clock == "wall"],
+        )
     by_source = outputs_by_source(run.outputs.records)
     verdict.duplicates = check_duplicates(by_source, dead, reference)
     verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
     timer_extras = check_timers(by_firing, reference.timers, verdict, _output_mismatch) if reference.timers else set()
     verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference) | timer_extras)
-    check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content)
+    values = not app.global_tables  # values read from a global table are the App's own check's business
+    check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content, values)
     if run.changelog is not None:
         verdict.state = check_state(run.changelog, run.inputs.partitions, reference, app)
-    verdict.offsets = check_offsets(run)
-    verdict.notes = _notes(run, reference)
+    verdict.offsets = check_offsets_several(run) if several else check_offsets(run)
+    for problem in app.check(by_declared_names(app, run)) if app.check is not None else ():
+        where, _, detail = problem.partition(": ")
+        verdict.app.add(where, detail or where)
+    verdict.notes = _notes(run, reference) + ([] if values else [GLOBAL_TABLE_NOTE])
     return verdict
 
 

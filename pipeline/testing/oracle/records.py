@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipeline.core.provenance import decode_source
 
-Coord = tuple[int, int]  # (input partition, input offset)
+# (input partition, input offset), and for an App with several inputs (docs/inputs.md) the index of the input when it
+# is not the first: (partition, offset, index).
+Coord = tuple[int, int] | tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +60,13 @@ class RunData:
     dead_letters: TopicDump
     changelog: TopicDump | None
     committed: dict[int, int | None]
+    # Several inputs (docs/inputs.md): the other co-partitioned topics (inputs, then tables) in the App's order, their
+    # committed offsets (topic -> partition -> offset), and the global tables by name.
+    more_inputs: dict[str, TopicDump] = field(default_factory=dict)
+    more_committed: dict[str, dict[int, int | None]] = field(default_factory=dict)
+    global_tables: dict[str, TopicDump] = field(default_factory=dict)
 
     def dumps(self) -> list[TopicDump]:
         """Every topic read for this run (the changelog only for a stateful app)."""
-        dumps = [self.inputs, self.outputs, self.dead_letters]
+        dumps = [self.inputs, *self.more_inputs.values(), *self.global_tables.values(), self.outputs, self.dead_letters]
         return [*dumps, self.changelog] if self.changelog is not None else dumps

@@ -54,7 +54,7 @@ def fold_reference(
     `wall_firings`: where the run fired wall-clock timers (from its outputs' eos.timer headers)."""
     reference = Reference()
     firings = reference.timers = (
-        Firings(app, lambda out: _encode(app, out), output_topic, wall_firings) if app.timed else None
+        Firings(app, lambda out: encode_output(app, out), output_topic, wall_firings) if app.timed else None
     )
     states: dict[int, PartitionState] = {}
     for record in sorted(inputs, key=lambda r: r.coord):
@@ -85,7 +85,7 @@ def _fold_one(
     state.begin_record()
     try:
         outputs = list(app.process(state, decoded))
-        expected = [_encode(app, out) for out in outputs if out.topic in (None, output_topic)]
+        expected = [encode_output(app, out) for out in outputs if out.topic in (None, output_topic)]
     except Exception as e:
         state.undo_record()
         reference.failures[record.coord] = f"process: {type(e).__name__}: {e}"
@@ -97,7 +97,7 @@ def _fold_one(
     reference.outputs_to_other_topics += len(outputs) - len(expected)
 
 
-def _encode(app: App, output: Output) -> ExpectedOutput:
+def encode_output(app: App, output: Output) -> ExpectedOutput:
     return ExpectedOutput(
         key=app.output_key_serde.serialize(output.key),
         value=app.output_value_serde.serialize(output.value),

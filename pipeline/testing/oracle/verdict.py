@@ -10,7 +10,7 @@ import orjson
 from pipeline.testing.oracle.records import Coord, KafkaRecord
 
 SAMPLE_LIMIT = 20
-CATEGORIES = ("duplicates", "losses", "order", "content", "state", "offsets")
+CATEGORIES = ("duplicates", "losses", "order", "content", "state", "offsets", "app")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Verdict:
     content: Findings = field(default_factory=Findings)
     state: Findings = field(default_factory=Findings)
     offsets: Findings = field(default_factory=Findings)
+    app: Findings = field(default_factory=Findings)  # the App's own properties (App.check), where it has some
     notes: list[str] = field(default_factory=list)
     # The drained output, for observer_subset_of_final; not part of the verdict's JSON.
     final_outputs: list[KafkaRecord] = field(default_factory=list, repr=False, compare=False)
@@ -89,8 +90,9 @@ class Verdict:
 
 
 def coord_name(coord: Coord) -> str:
-    """An input coordinate as problems name it: "partition:offset"."""
-    return f"{coord[0]}:{coord[1]}"
+    """An input coordinate as problems name it: "partition:offset", "partition:offset/input" for a record of another
+    than the first input."""
+    return f"{coord[0]}:{coord[1]}" + (f"/{coord[2]}" if len(coord) > 2 else "")
 
 
 def clip(data: object, limit: int = 60) -> str:

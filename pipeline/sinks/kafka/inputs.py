@@ -1,0 +1,234 @@
+"""task(p) of an App with several co-partitioned inputs or tables (docs/inputs.md): partition p of every input
+stream and every co-partitioned table, one state, one transaction, taken in timestamp order.
+
+    buffers     records of each topic wait in their own queue, in offset order, until they can be taken in order
+    taking      the record with the smallest timestamp first (ties: tables before streams, then in the App's order),
+                as Kafka Streams does: the queue with the smallest head goes first. An empty queue holds everything
+                back while its topic has records on the broker this task has not fetched, at most MAX_TASK_IDLE_MS
+                (-1: never); an empty queue of a topic that is caught up holds nothing back
+    a table     a record of a co-partitioned table updates the table (`state.tables[name]`) instead of going to
+                `process`; the update is undone with the transaction if it aborts
+    commit      the checkpoint names every topic's next offset and the order the transaction took their records in
+                (pipeline/state/changelog.py), so that the checker can replay exactly this interleaving
+    rewind      state and tables undone, the queues emptied, every topic sought back to its committed offset
+
+Timers are not supported with several inputs yet (App refuses them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from pipeline.app import Record
+from pipeline.core.lifecycle import Phase
+from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.kafka.records import Consumed
+from pipeline.serde import skip_bytes_deserialize
+from pipeline.sinks.kafka.task import Encoded, KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.transaction import Transaction
+from pipeline.state.changelog import Checkpoint
+from pipeline.state.tables import TableStore
+
+
+class MultiInputTask(KafkaTask):
+    def __init__(self, ctx: KafkaTaskContext, partition: int, txn: Transaction) -> None:
+        app = ctx.app
+        self.topics: tuple[str, ...] = app.co_partitioned  # the streams, then the co-partitioned tables
+        self.tables: dict[str, TableStore] = {spec.topic: TableStore(spec) for spec in app.table_specs.values()}
+        self._table_names = {spec.topic: name for name, spec in app.table_specs.items()}
+        super().__init__(ctx, partition, txn)
+        self._index = {topic: i for i, topic in enumerate(self.topics)}
+        self._decoders = {
+            s.topic: (skip_bytes_deserialize(s.key_serde), skip_bytes_deserialize(s.value_serde)) for s in app.streams
+        }
+        self._names = {s.topic: s.name for s in app.streams}  # record.topic: as the App declares the input
+        self.committed_offsets: dict[str, int | None] = dict.fromkeys(self.topics)  # per topic of p
+        self.next_offsets: dict[str, int | None] = dict.fromkeys(self.topics)
+        self._queues: dict[str, deque[Consumed]] = {topic: deque() for topic in self.topics}
+        self._empty_since = dict.fromkeys(self.topics, time.monotonic())
+        # Tables first on equal timestamps: a stream record sees the table as of its own time, inclusive.
+        self._merge_order = sorted(self.topics, key=lambda t: (t not in self.tables, self._index[t]))
+        self._rank = {topic: i for i, topic in enumerate(self._merge_order)}
+        self._runs: list[list[int]] = []  # [input index, count] of the open transaction, in the order taken
+        self._idle_s = self.settings.max_task_idle_ms / 1000
+
+    def table_views(self) -> dict[str, Mapping[Any, Any]]:
+        return {**super().table_views(), **{self._table_names[t]: s.view for t, s in self.tables.items()}}
+
+    # -- position and restore ------------------------------------------------------------------------------------
+    def start_all(self, committed: Mapping[str, int | None], restore: bool) -> None:
+        """The group's committed offset of every topic of p becomes its position."""
+        self.committed_offsets, self.next_offsets = dict(committed), dict(committed)
+        super().start(committed[self.input_topic], restore)
+
+    def committed_offsets_by_topic(self) -> dict[str, int | None] | None:
+        return dict(self.committed_offsets)
+
+    def tables_restored(self, stores: Mapping[str, TableStore], positions: Mapping[str, int]) -> None:
+        """The tables as their restore left them (name -> store), each read on from where its restore ended (topic ->
+        offset: the end of its topic when the restore began), which may be past the committed offset
+        (pipeline/state/table_restore.py)."""
+        for name, store in stores.items():
+            self.tables[self.ctx.app.table_specs[name].topic] = store
+        for topic, position in positions.items():
+            self.committed_offsets[topic] = self.next_offsets[topic] = position
+        self.state.tables = self.table_views()
+
+    def try_seek_back(self, consumer: Consumer) -> bool:
+        """Every topic of p back to its committed offset; p RUNNING once all seeks took."""
+        try:
+            for topic in self.topics:
+                offset = self.committed_offsets[topic]
+                consumer.seek(TopicPartition(topic, self.partition, OFFSET_BEGINNING if offset is None else offset))
+        except KafkaException:
+            return False
+        for queue in self._queues.values():
+            queue.clear()
+        self.seeks += 1
+        self._transition(Phase.RUNNING)
+        return True
+
+    # -- processing ------------------------------------------------------------------------------------------------
+    def process(self, messages: list[Consumed]) -> None:
+        """Queues p's records by topic, then takes what can be taken in timestamp order."""
+        if self._phase is not Phase.RUNNING:
+            return
+        nexts, queues = self.next_offsets, self._queues
+        for m in messages:
+            topic = m.topic()
+            position = nexts[topic]
+            if position is None or m.offset() >= position:
+                queues[topic].append(m)
+        self._take_in_order()
+
+    def tick(self, now_ms: int) -> None:
+        """Every loop turn: an empty input may have been waited for long enough."""
+        if self._phase is Phase.RUNNING:
+            self._take_in_order()
+
+    def _take_in_order(self) -> None:
+        while self._phase is Phase.RUNNING:
+            merged = self._next_run()
+            if not merged:
+                return
+            self._process_merged(merged)
+
+    def _next_run(self) -> list[Consumed]:
+        """The records that can be taken now, in order: again and again the queue whose head has the smallest timestamp
+        (ties: the merge order) gives its records up to the next smallest head; until a queue runs dry (the next call
+        decides whether to wait for it) or none holds records."""
+        now, queues, rank = time.monotonic(), self._queues, self._rank
+        ready = []
+        for topic in self._merge_order:
+            if queues[topic]:
+                ready.append(topic)
+            elif self._must_wait(topic, now):
+                return []
+        taken: list[Consumed] = []
+        while ready:
+            keys = {t: (queues[t][0].timestamp()[1], rank[t]) for t in ready}
+            best = min(ready, key=keys.__getitem__)
+            bound = min((keys[t] for t in ready if t != best), default=None)
+            queue = queues[best]
+            while queue and (bound is None or (queue[0].timestamp()[1], rank[best]) < bound):
+                taken.append(queue.popleft())
+            if not queue:
+                self._empty_since[best] = now  # ran dry now: a wait for it starts now
+                break
+        return taken
+
+    def _must_wait(self, topic: str, now: float) -> bool:
+        """Whether an empty queue holds the others back: its topic has records on the broker not fetched yet (or its
+        end is not known yet), for at most MAX_TASK_IDLE_MS since it ran dry."""
+        if self._idle_s < 0 or now - self._empty_since[topic] >= self._idle_s:
+            return False
+        _, end = self.ctx.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)
+        return end < 0 or (self.next_offsets[topic] or 0) < end
+
+    def _process_merged(self, merged: list[Consumed]) -> None:
+        """KafkaTask.process's loop, for records of several topics: the source header names the topic, a table's
+        records update the table, and every record extends the transaction's order runs."""
+        partition, produce = self.partition, self.producer.produce
+        index, tables, decoders, nexts, runs = self._index, self.tables, self._decoders, self.next_offsets, self._runs
+        processed = produced = 0
+        for msg in merged:
+            if self._phase is not Phase.RUNNING:
+                break
+            topic, offset = msg.topic(), msg.offset()
+            if not self.batch_open:
+                self._begin()
+            i = index[topic]
+            if runs and runs[-1][0] == i:
+                runs[-1][1] += 1
+            else:
+                runs.append([i, 1])
+            if topic in tables:
+                tables[topic].apply(msg.key(), msg.value())
+            else:
+                outputs = self._attempt(msg, topic, offset, decoders[topic])
+                if outputs:
+                    self._produce_outputs(outputs, encode_source(partition, offset, i), produce)
+                    produced += len(outputs)
+            nexts[topic] = offset + 1
+            if i == 0:
+                self.next_offset = offset + 1
+            self.batch_records += 1
+            processed += 1
+        if processed:
+            self.note_batch(merged, merged[processed - 1], processed, produced)
+        self.producer.poll(0)
+
+    def _attempt(self, msg: Consumed, topic: str, offset: int, decoders: tuple[Any, Any]) -> list[Encoded] | None:
+        decode_key, decode_value = decoders
+        state = self.state
+        state.begin_record()
+        try:
+            key = msg.key() if decode_key is None else decode_key(msg.key())
+            value = msg.value() if decode_value is None else decode_value(msg.value())
+            name = self._names[topic]
+            record = Record(key, value, name, self.partition, offset, msg.timestamp()[1], msg.headers() or ())
+            return [self._encode(o) for o in self.app.process(state, record)]
+        except Exception as error:  # from decoding or from user code: poison until proven otherwise
+            return self._retry(msg, error)
+
+    def _produce_outputs(self, outputs: list[Encoded], source: bytes, produce: Any) -> None:
+        header = (SOURCE_HEADER, source)
+        for topic, out_key, out_value, out_partition, headers in outputs:
+            headers = [*headers, header] if headers else [header]
+            try:
+                produce(topic, out_value, out_key, partition=out_partition, headers=headers)
+            except BufferError:
+                self._produce(topic, out_key, out_value, out_partition, headers)
+            except KafkaException as e:
+                self.txn.raise_classified("produce", e)
+
+    # -- the runner's commit, and after an abort --------------------------------------------------------------------
+    def prepare_commit(self) -> list[TopicPartition]:
+        """Step 1: p's state changes and a checkpoint naming every topic's next offset and the order taken; the
+        offsets of every topic with a position for step 2."""
+        order = ",".join(f"{i}:{n}" for i, n in self._runs)
+        checkpoint = Checkpoint(self.input_topic, self.partition, self.next_offset, dict(self.next_offsets), order)
+        self._stage_changelog(checkpoint)
+        self._staged += 1
+        return [TopicPartition(t, self.partition, n) for t, n in self.next_offsets.items() if n is not None]
+
+    def committed(self) -> None:
+        super().committed()
+        for table in self.tables.values():
+            table.commit()
+        self.committed_offsets = dict(self.next_offsets)
+        self._runs = []
+
+    def rewind(self) -> None:
+        for table in self.tables.values():
+            table.undo_transaction()
+        self.next_offsets = dict(self.committed_offsets)
+        self._runs = []
+        for queue in self._queues.values():
+            queue.clear()
+        super().rewind()

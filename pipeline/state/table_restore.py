@@ -1,0 +1,73 @@
+"""Task p's co-partitioned tables (`App.tables`), rebuilt from their own topics: a table's topic is its changelog, so
+nothing of it is in the app's changelog (docs/inputs.md).
+
+Each table's partition p is read with read_committed from its low watermark up to the high watermark captured when
+the restore began (after the fence), in steps between polls like the changelog (docs/guarantees.md:
+restore-keeps-membership). Restoring to the end rather than to the committed offset is what a compacted topic allows:
+compaction may have removed a key's older value in favour of a newer one beyond the committed offset, so only the end
+is a state the topic can still give. The table may then be ahead of the inputs; the records processed again see it as
+it is now, never older (docs/guarantees.md: table-reads-forward). The task goes on reading each table from where
+its restore ended.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from pipeline.app import Table
+from pipeline.kafka.offsets import TailReader, high_watermarks, low_watermarks
+from pipeline.state.tables import TableStore
+
+
+class TableRestore:
+    def __init__(
+        self,
+        make_consumer: Callable[[], Consumer],
+        admin: AdminClient,
+        specs: Mapping[str, Table],
+        partition: int,
+        request_timeout_s: float,
+    ) -> None:
+        self.partition = partition
+        self.stores = {name: TableStore(spec) for name, spec in specs.items()}
+        self.records = 0
+        self._readers: dict[str, TailReader] = {}
+        self._consumers: list[Consumer] = []
+        for name, spec in specs.items():
+            p, topic = partition, spec.topic
+            start = low_watermarks(admin, topic, [p], request_timeout_s)[p]
+            end = high_watermarks(admin, topic, [p], request_timeout_s)[p]
+            consumer = make_consumer()
+            self._consumers.append(consumer)
+            self._readers[name] = TailReader(consumer, topic, {p: start}, {p: end})
+
+    @property
+    def done(self) -> bool:
+        return all(reader.done for reader in self._readers.values())
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Where each table's read ended (or stands): topic -> the next offset of partition p."""
+        return {reader.topic: reader.positions[self.partition] for reader in self._readers.values()}
+
+    def step(self, budget_s: float) -> bool:
+        """Reads for about budget_s; True once every table reached its end."""
+        until = time.monotonic() + budget_s
+        for name, reader in self._readers.items():
+            store = self.stores[name]
+            while not reader.done and time.monotonic() < until:
+                for m in reader.step(max(0.001, until - time.monotonic())):
+                    store.load(m.key(), m.value())
+                    self.records += 1
+        return self.done
+
+    def stuck(self) -> str:
+        return "; ".join(f"{r.topic}: {r.stuck()}" for r in self._readers.values() if not r.done)
+
+    def close(self) -> None:
+        for consumer in self._consumers:
+            consumer.close()

@@ -1,0 +1,175 @@
+"""The oracle for an App with several inputs or tables (docs/inputs.md).
+
+Task p took the records of its topics in an order that depended on when they arrived. Each committed checkpoint names
+that order for its transaction (runs "index:count", pipeline/state/changelog.py), so the reference replays exactly
+the interleaving the run committed: the same records reach `process` in the same order, a co-partitioned table's
+records update the reference's table where the run's did. A stateless App writes no checkpoints: its records are
+merged by timestamp (ties: tables first, then the App's order), which is the order a task takes them in when every
+input has records waiting; outputs of a stateless App do not depend on the order anyway.
+
+A global table is read by the run as it was when each output was produced, which no offline fold can know: the
+reference reads it as of each record's timestamp, and outputs are compared by key and partition only (their values
+are the App's own check's business, App.check). Everything else is checked as for one input, with coordinates
+(partition, offset) for the first input and (partition, offset, index) for the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Reject
+from pipeline.serde import JSON
+from pipeline.state.changelog import Checkpoint, is_checkpoint, order_runs
+from pipeline.state.store import PartitionState
+from pipeline.state.tables import TableStore, TableView
+from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData
+from pipeline.testing.oracle.reference import ExpectedOutput, Reference, encode_output
+from pipeline.testing.oracle.verdict import Findings
+
+GLOBAL_TABLE_NOTE = "the App reads global tables: output values compared by its own check (App.check), not here"
+
+
+def topics_of(run: RunData) -> list[str]:
+    """The co-partitioned topics in the App's order: the first input, then the others."""
+    return [run.input_topic, *run.more_inputs]
+
+
+def coord(record: KafkaRecord, index: int) -> Coord:
+    return (record.partition, record.offset) if index == 0 else (record.partition, record.offset, index)
+
+
+def all_inputs(run: RunData) -> dict[Coord, KafkaRecord]:
+    """Every record of every co-partitioned topic, by coordinate."""
+    dumps = [run.inputs, *run.more_inputs.values()]
+    return {coord(record, i): record for i, dump in enumerate(dumps) for record in dump.records}
+
+
+def processing_order(app: App, run: RunData, found: Findings) -> dict[int, list[tuple[int, KafkaRecord]]]:
+    """p -> (topic index, record) in the order task p took them: the committed checkpoints' runs, then (records
+    beyond them, or a stateless App) the timestamp merge."""
+    queues: dict[tuple[int, int], list[KafkaRecord]] = defaultdict(list)
+    for i, dump in enumerate([run.inputs, *run.more_inputs.values()]):
+        for record in sorted(dump.records, key=lambda r: r.offset):
+            queues[(i, record.partition)].append(record)
+    runs = _committed_runs(run, found)
+    tables = {i for i, topic in enumerate(topics_of(run)) if topic in {t.topic for t in app.table_specs.values()}}
+    order: dict[int, list[tuple[int, KafkaRecord]]] = {}
+    for p in sorted({p for _, p in queues} | runs.keys()):
+        taken: list[tuple[int, KafkaRecord]] = []
+        positions: dict[int, int] = defaultdict(int)
+        for i, count in runs.get(p, []):
+            queue = queues.get((i, p), [])
+            if positions[i] + count > len(queue):
+                found.add(f"checkpoint p{p}", f"names {count} records of input {i} beyond its {len(queue)}")
+                break
+            taken += [(i, r) for r in queue[positions[i] : positions[i] + count]]
+            positions[i] += count
+        lanes = sorted(range(len(topics_of(run))), key=lambda i: (i not in tables, i))  # ties: tables first
+        rest = [[(i, r) for r in queues.get((i, p), [])[positions[i] :]] for i in lanes]
+        taken += heapq.merge(*rest, key=lambda item: item[1].timestamp_ms)
+        order[p] = taken
+    return order
+
+
+def _committed_runs(run: RunData, found: Findings) -> dict[int, list[tuple[int, int]]]:
+    runs: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for record in sorted(run.changelog.records if run.changelog else [], key=lambda r: r.coord):
+        if is_checkpoint(record.key, list(record.headers)):
+            try:
+                runs[record.partition] += order_runs(Checkpoint.decode(record.value or b"").order)
+            except (ValueError, KeyError) as e:
+                found.add(f"changelog {record.partition}@{record.offset}", f"unreadable order ({e})")
+    return runs
+
+
+def fold_several(app: App, run: RunData, skip: Iterable[Coord], found: Findings) -> Reference:
+    """app.process run offline over each partition's records in the order the run took them."""
+    reference, skipped = Reference(), set(skip)
+    topics = topics_of(run)
+    table_topics = {t.topic: name for name, t in app.table_specs.items()}
+    global_updates = _global_updates(app, run)
+    for p, taken in processing_order(app, run, found).items():
+        state = PartitionState(app.state_serde)
+        tables = {topic: TableStore(app.table_specs[name]) for topic, name in table_topics.items()}
+        globals_now = {name: TableStore(app.global_table_specs[name]) for name in app.global_table_specs}
+        state.tables = {
+            **{name: tables[topic].view for topic, name in table_topics.items()},
+            **{name: store.view for name, store in globals_now.items()},
+        }
+        pending = iter(global_updates)
+        update = next(pending, None)
+        for i, record in taken:
+            while update is not None and update[0] <= record.timestamp_ms:  # the global tables as of this record
+                globals_now[update[1]].load(update[2].key, update[2].value)
+                update = next(pending, None)
+            if topics[i] in tables:
+                tables[topics[i]].load(record.key, record.value)
+            elif coord(record, i) not in skipped:
+                _fold_record(app, state, record, topics[i], coord(record, i), run, reference)
+        reference.states[p] = dict(state.encoded_items())
+    return reference
+
+
+def _global_updates(app: App, run: RunData) -> list[tuple[int, str, KafkaRecord]]:
+    updates = [(r.timestamp_ms, name, r) for name, dump in run.global_tables.items() for r in dump.records]
+    return sorted(updates, key=lambda u: (u[0], u[2].partition, u[2].offset))
+
+
+def _fold_record(
+    app: App, state: PartitionState, record: KafkaRecord, topic: str, at: Coord, run: RunData, reference: Reference
+) -> None:
+    try:
+        decoded = app.decode(
+            record.key, record.value, topic, record.partition, record.offset, record.timestamp_ms, record.headers
+        )
+    except Exception as e:
+        reference.failures[at] = f"decode: {type(e).__name__}: {e}"
+        return
+    state.begin_record()
+    try:
+        outputs = list(app.process(state, decoded))
+        expected: list[ExpectedOutput] = []
+        for out in outputs:
+            if out.topic is DEAD_LETTERS:
+                _held_dead_letter(app, out.headers, run, reference)
+            elif out.topic in (None, run.outputs.topic):
+                expected.append(encode_output(app, out))
+    except Exception as e:
+        state.undo_record()
+        reference.failures[at] = f"process: {type(e).__name__}: {e}"
+        if isinstance(e, Reject):
+            reference.rejections[at] = e.error_type
+        return
+    state.commit()
+    reference.outputs[at] = expected
+    reference.outputs_to_other_topics += sum(
+        1 for out in outputs if out.topic not in (None, run.outputs.topic, DEAD_LETTERS)
+    )
+
+
+def _held_dead_letter(app: App, headers: Iterable[tuple[str, bytes]], run: RunData, reference: Reference) -> None:
+    """An output that dead-letters a record held earlier (app.dead_letter): that record needs the dead letter."""
+    meta = JSON.deserialize(dict(headers)[HELD_HEADER])
+    index = topics_of(run).index(app.stream(meta["topic"]).topic)
+    at: Coord = (meta["partition"], meta["offset"]) if index == 0 else (meta["partition"], meta["offset"], index)
+    reference.failures[at] = f"held, then dead-lettered: {meta['message']}"
+    reference.rejections[at] = meta["error_type"]
+    reference.outputs.pop(at, None)
+
+
+def global_views(app: App, run: RunData) -> Mapping[str, TableView]:
+    """The global tables as the run left them (for an App's own check)."""
+    stores = {name: TableStore(spec) for name, spec in app.global_table_specs.items()}
+    for _, name, record in _global_updates(app, run):
+        stores[name].load(record.key, record.value)
+    return {name: store.view for name, store in stores.items()}
+
+
+def by_declared_names(app: App, run: RunData) -> RunData:
+    """The run with its other inputs keyed by the names the App declares them by (TOPIC_SUFFIX renames the topics
+    of a fault run): what an App's own check reads."""
+    names = {s.topic: s.name for s in app.streams}
+    return replace(run, more_inputs={names.get(topic, topic): dump for topic, dump in run.more_inputs.items()})
