@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Both set up everything they need first.
-.PHONY: setup demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
+.PHONY: setup demo test test-fast lint bench-partitions kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -26,6 +26,12 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 	.venv/bin/ruff format --check .
+
+# Issue 23's measurement: a 600,000-record backlog drained at 3, 48 and 384 partitions, both PRODUCERS modes, medians of
+# interleaved rounds, and the ratio to the 3-partition drain (BENCHMARKS.md, "Backlog drain"). BENCH_ARGS: more options
+# (--sink postgres --dsn ..., --repeat 3, --partitions 3,384). Needs a broker (make kafka-start).
+bench-partitions: setup
+	.venv/bin/pipeline bench partitions $(BENCH_ARGS)
 
 # The service and compaction images with podman (installed and configured by deploy/image/engine.sh when missing),
 # on a Debian base built here: no image registry needed. deploy/image/fresh.sh runs `make demo` in a fresh container.

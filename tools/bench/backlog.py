@@ -22,6 +22,7 @@ the load average (1 min) at its start and end. Runs are interleaved (each round:
 every other round in the reverse order), so that load from elsewhere hits every cell alike; the tables give the
 medians, the ratios of the medians against the smallest partition count, and the median of the per-round ratios.
 
+    pipeline bench partitions                                        # = python -m tools.bench.backlog
     python -m tools.bench.backlog                                    # 3,48,384 x both modes x 5 rounds (~8 min)
     python -m tools.bench.backlog --sink postgres --dsn postgresql://pipeline:pipeline@127.0.0.1:55432/pipeline
     python -m tools.bench.backlog --partitions 3,384 --repeat 1 --producers per_process       # a smoke run
@@ -328,6 +329,32 @@ def summary(results: Sequence[RunResult], partitions: Sequence[int], modes: Sequ
     return lines
 
 
+# Issue 23's targets: the largest partition count's drain against the smallest's, same rounds (none for PostgreSQL).
+TARGETS = {PER_PROCESS: 0.9, PER_PARTITION: 0.7}
+
+
+def ratios(results: Sequence[RunResult], partitions: Sequence[int], modes: Sequence[str]) -> list[str]:
+    """One line per mode: the median rate at the largest partition count over the median at the smallest, the
+    median of the per-round ratios beside it, and the target it is held to."""
+    low, high = partitions[0], partitions[-1]
+    lines = []
+    for mode in modes:
+        rates = {n: [r for r in results if r.partitions == n and r.mode == mode and r.rate] for n in (low, high)}
+        ratio = _ratio(_median([r.rate for r in rates[high]]), _median([r.rate for r in rates[low]]))
+        by_round = {r.round: r.rate for r in rates[low]}
+        per_round = _median([_ratio(r.rate, by_round.get(r.round)) for r in rates[high]])
+        target = TARGETS.get(mode)
+        verdict = (
+            ""
+            if target is None or ratio is None
+            else f" (target >= {target}: {'met' if ratio >= target else 'NOT met'})"
+        )
+        lines.append(
+            f"{mode}: {high} / {low} partitions = {_fmt(ratio, '.2f')}{verdict}; per round {_fmt(per_round, '.2f')}"
+        )
+    return lines
+
+
 def run_line(r: RunResult) -> str:
     return (
         f"| {r.round} | {r.partitions} | {r.mode} | {throughput._rate(r.rate)} | {r.seconds:.1f} "
@@ -339,6 +366,8 @@ def run_line(r: RunResult) -> str:
 
 def report(results: Sequence[RunResult], partitions: Sequence[int], modes: Sequence[str]) -> str:
     lines = [
+        *ratios(results, partitions, modes),
+        "",
         *summary(results, partitions, modes),
         "",
         "Every run, in order:",
