@@ -99,6 +99,9 @@ class Settings:
     # alone, out of timestamp order with what that input may bring later; not at all for an input that is caught up
     # (nothing on the broker it has not fetched). -1: never wait.
     max_task_idle_ms: int = 100
+    # Fast failure detection (pipeline/kafka/liveness.py): a peer silent this long is fenced and removed from the group
+    # at once, instead of after SESSION_TIMEOUT_MS (and TRANSACTION_TIMEOUT_MS for its open transaction). 0: off.
+    failure_detection_ms: int = 0
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
     # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
     # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
@@ -189,6 +192,12 @@ def validate(s: Settings) -> None:
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(
+        s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
+        f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "
+        f"({s.session_timeout_ms}): shorter, a scheduling hiccup removes healthy members; longer, the session "
+        "time-out comes first",
+    )
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
