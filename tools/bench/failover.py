@@ -186,7 +186,7 @@ class Bench:
     def _start(self, case: str, app_id: str, topics: tuple[str, str]) -> Members:
         env = {
             **os.environ,
-            "PYTHONPATH": str(self.tree),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self.tree), os.environ.get("PYTHONPATH")])),
             "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
             "PIPELINE_APP_ID": app_id,
             "PIPELINE_INPUT_TOPIC": topics[0],
