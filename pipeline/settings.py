@@ -196,18 +196,7 @@ def validate(s: Settings) -> None:
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
-    require(
-        s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
-        f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "
-        f"({s.session_timeout_ms}): shorter, a scheduling hiccup removes healthy members; longer, the session "
-        "time-out comes first",
-    )
-    require(
-        s.live_timeout_ms == 0 or s.live_timeout_ms > longest_turn_ms(s),
-        f"LIVE_TIMEOUT_MS={s.live_timeout_ms} must exceed TRANSACTION_TIMEOUT_MS + 4 x REQUEST_TIMEOUT_MS "
-        f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
-        "process",
-    )
+    _validate_failover(s)
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
@@ -232,6 +221,22 @@ def validate(s: Settings) -> None:
     require(
         s.transaction_timeout_ms <= 900_000,
         f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",
+    )
+
+
+def _validate_failover(s: Settings) -> None:
+    """FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22)."""
+    require(
+        s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
+        f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "
+        f"({s.session_timeout_ms}): shorter, a scheduling hiccup removes healthy members; longer, the session "
+        "time-out comes first",
+    )
+    require(
+        s.live_timeout_ms == 0 or s.live_timeout_ms > longest_turn_ms(s),
+        f"LIVE_TIMEOUT_MS={s.live_timeout_ms} must exceed TRANSACTION_TIMEOUT_MS + 4 x REQUEST_TIMEOUT_MS "
+        f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
+        "process",
     )
 
 
