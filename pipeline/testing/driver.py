@@ -31,7 +31,7 @@ from pipeline import settings as settings_module
 from pipeline.app import App, Timer
 from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import PoisonRecordStop, log_stop
 from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.inputs import MultiInputTask
@@ -397,6 +397,7 @@ class AppDriver:
             abort_and_rewind(task)
         except PoisonRecordStop as e:
             commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+            log_stop(task.partition, task.next_offset, e)
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
 

@@ -3,6 +3,7 @@ tests/integration/test_fail_fast_real.py, with the PostgresRunner in this proces
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,9 +11,14 @@ import pytest
 from pipeline.app import App
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.sinks.postgres.runner import PostgresRunner
-from tests.integration.test_fail_fast_real import config, stopped, topics_with
+from tests.integration.test_fail_fast_real import (
+    GOOD,
+    assert_stopped_loudly,
+    config,
+    returns_none,
+    topics_with,
+)
 from tests.integration.test_restore import running
-from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -26,8 +32,25 @@ def pg_runner(
 
 
 def test_on_poison_stop_on_the_first_record_of_a_partition_stops_it(
-    kafka_bootstrap: str, postgres_dsn: str, pg_schema: str
+    kafka_bootstrap: str, postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runner = pg_runner(totals_pg, kafka_bootstrap, postgres_dsn, pg_schema, [(b"acct", b"{bad")], on_poison="stop")
+    runner = pg_runner(
+        totals_pg,
+        kafka_bootstrap,
+        postgres_dsn,
+        pg_schema,
+        [(b"acct", b"{bad")],
+        on_poison="stop",
+        processing_max_attempts=1,
+    )
     with running(runner):
-        eventually(lambda: stopped(runner), 30)
+        assert_stopped_loudly(runner, caplog, "@0 failed 1 times: SerdeError")
+
+
+def test_a_mistake_in_process_stops_the_partition_at_once_and_ends_the_runner(
+    kafka_bootstrap: str, postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = dataclasses.replace(totals_pg, process=returns_none)
+    runner = pg_runner(app, kafka_bootstrap, postgres_dsn, pg_schema, [GOOD, GOOD], processing_max_attempts=5)
+    with running(runner):
+        assert_stopped_loudly(runner, caplog, "process returned None", "[0]@0", "return a list of Output")

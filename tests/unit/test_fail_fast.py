@@ -1,12 +1,152 @@
-"""Mistakes fail fast and loud (docs/guarantees.md: fail-fast): the first record of a partition stopping it with
-ON_POISON=stop, ..."""
+"""Mistakes fail fast and loud (docs/guarantees.md: fail-fast): a mistake in the App's code that fails every record
+the same way stops the partition at once, with an ERROR naming the function, where, and the fix; a failing timer
+takes a record's path (retried, dead-lettered with its coordinates, or stopping p); a stopped partition is never
+silent; and ON_POISON=stop on the first record a partition ever sees."""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
-from pipeline.core.processing import PoisonRecordStop
-from tests.harness import DLQ, Harness, msg, poison
+from pipeline import service
+from pipeline.app import App, Output, Record, State, Timer
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.lifecycle import Phase
+from pipeline.core.processing import CodeStop, PoisonRecordStop
+from pipeline.testing.driver import AppDriver
+from pipeline.testing.oracle import check
+from pipeline.testing.oracle.records import KafkaRecord
+from tests.harness import DLQ, INPUT, OUTPUT, Harness, msg, poison
+from tests.unit.test_processing import pg_task
+
+
+# -- a wrong return type stops p at once, in both sinks -------------------------------------------------------------
+def returning(value: Any) -> App:
+    def process(state: State, record: Record) -> Any:
+        state["seen"] = True  # undone: p stops before the record
+        return value
+
+    return App("wrong", INPUT, OUTPUT, process)
+
+
+WRONG_RETURNS = {
+    "None": (None, "process returned None"),
+    "one Output": (Output({"x": 1}), "process returned a single Output"),
+    "a tuple": ([("key", {"x": 1})], "process returned a tuple"),
+    "a dict": ({"x": 1}, "process returned {'x': 1}"),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_RETURNS)
+def test_a_wrong_return_type_stops_the_partition_at_once_naming_process_the_record_and_the_fix(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    value, said = WRONG_RETURNS[name]
+    driver = AppDriver(returning(value), processing_max_attempts=5)
+    assert driver.send("k", {"x": 1}) == []
+    assert driver.tasks[0].phase is Phase.STOPPED
+    assert driver.dead_letters == [] and driver.committed_offset() is None and driver.state() == {}
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert said in error.message and "in[0]@0" in error.message
+    assert "return a list of Output" in error.message and "STOPPED at offset" in error.message
+
+
+def test_the_postgres_sink_checks_what_process_returns_on_its_first_attempt() -> None:
+    task = pg_task(returning(None), processing_max_attempts=5)
+    with pytest.raises(CodeStop, match=r"in\[2\]@10: process returned None"):
+        task.process([msg(10)])
+    assert task.next_offset == 10 and task.dead_letters == [] and dict(task.state) == {}
+
+
+def test_one_failing_record_is_still_retried_and_dead_lettered() -> None:
+    h = Harness(processing_max_attempts=2)
+    task = h.task(committed=10)
+    task.process([msg(10), poison(11), msg(12)])
+    assert task.next_offset == 13 and len(h.calls.produced(DLQ)) == 1
+
+
+# -- timers ---------------------------------------------------------------------------------------------------------
+def schedule(state: State, record: Record) -> Iterable[Output]:
+    state.timers.schedule(record.key, record.value["at"])
+    return [Output(record.value)]
+
+
+def fired(state: State, timer: Timer) -> Iterable[Output]:
+    return [Output({"fired": timer.key})]
+
+
+@pytest.mark.parametrize(
+    "app", [App("no-timer", "in", "out", schedule), App("ttl", "in", "out", schedule, state_ttl_ms=9)]
+)
+def test_a_timer_scheduled_without_on_timer_stops_the_partition_at_once(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = AppDriver(app, processing_max_attempts=5)
+    driver.send("k", {"at": 10})
+    assert driver.tasks[0].phase is Phase.STOPPED and driver.dead_letters == []
+    assert "has no on_timer" in caplog.text and "give the App on_timer=..." in caplog.text
+
+
+def test_an_on_timer_returning_the_wrong_type_stops_the_partition_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    driver = AppDriver(App("t", "in", "out", schedule, on_timer=lambda state, timer: None), processing_max_attempts=5)
+    driver.send("a", {"at": 10}, timestamp_ms=0)
+    driver.send("b", {"at": 99}, timestamp_ms=10)  # a's timer is due before b
+    assert driver.tasks[0].phase is Phase.STOPPED and driver.committed_offset() == 1
+    assert "on_timer returned None" in caplog.text and "0:1:stream:10:a" in caplog.text
+
+
+def test_an_on_timer_that_keeps_failing_is_dead_lettered_with_its_coordinates_and_p_goes_on() -> None:
+    def broken(state: State, timer: Timer) -> Iterable[Output]:
+        state[f"changed by {timer.key}"] = True  # undone with a failure
+        if timer.key == "a":
+            raise RuntimeError("bug")
+        return [Output({"fired": timer.key})]
+
+    driver = AppDriver(App("t", "in", "out", schedule, on_timer=broken))
+    driver.send("a", {"at": 10}, timestamp_ms=0)
+    driver.send("b", {"at": 20}, timestamp_ms=10)
+    driver.send("c", {"at": 99}, timestamp_ms=20)
+    [letter] = driver.dead_letters
+    assert (letter.timer, letter.key, letter.error_type, letter.attempts) == (
+        "0:1:stream:10:a",
+        b"a",
+        "RuntimeError",
+        3,
+    )
+    assert (letter.topic, letter.partition, letter.offset) == ("in", 0, 1)  # where it fired: before record 1
+    assert [o.value for o in driver.outputs][-2:] == [{"fired": "b"}, {"at": 99}]
+    assert driver.tasks[0].phase is Phase.RUNNING and "changed by a" not in driver.state()
+    assert [t.key for t in driver.timers()] == ["b", "c"][1:]  # a's entry is gone with its dead letter
+    assert driver.verify().ok  # the checker accepts the timer's dead letter in place of its outputs
+
+
+def test_the_checker_refuses_a_timer_dead_letter_the_reference_does_not_fail() -> None:
+    driver = AppDriver(App("t", "in", "out", schedule, on_timer=fired))
+    driver.send("a", {"at": 10}, timestamp_ms=0)
+    driver.send("b", {"at": 99}, timestamp_ms=10)
+    run = driver.run_data()
+    letter = DeadLetter("in", 0, 1, b"a", None, "RuntimeError", "bug", 3, timer="0:1:stream:10:a")
+    run.dead_letters.records.append(KafkaRecord(0, 0, letter.key, letter.value, tuple(letter.headers()), 0))
+    verdict = check(driver.app, run)
+    assert "dead-lettered, though its on_timer succeeds" in str(verdict.content)
+
+
+# -- a stopped partition is never silent -----------------------------------------------------------------------------
+def test_run_service_exits_non_zero_once_every_partition_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Stopped:
+        all_stopped = True
+
+        def install_signal_handlers(self) -> None: ...
+
+        def run(self) -> None: ...
+
+    monkeypatch.setattr(service, "check_connection", lambda settings: None)
+    monkeypatch.setattr(service, "runner_for", lambda app, settings: Stopped())
+    assert service.run_service(returning(None), None, threading.Event()) == service.PARTITIONS_STOPPED_EXIT  # type: ignore[arg-type]
 
 
 # -- ON_POISON=stop on the first record a partition ever sees -------------------------------------------------------
