@@ -31,6 +31,7 @@ from pipeline.app import App, CodeError, Output, Timer, checked_outputs
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.processing import CodeStop, PoisonRecordStop
 from pipeline.core.provenance import TIMER_HEADER, encode_timer
+from pipeline.core.task import StormGuard
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
@@ -59,6 +60,7 @@ class TimerFiring:
     stop_on_poison: bool
     dead_letter: Callable[[DeadLetter], None]  # into the open transaction, as a record's
     input_topic: str
+    storm: StormGuard  # the task's dead-letter storm guard for timers
     sleep: Callable[[float], None] = time.sleep
     held: list[Consumed] = field(default_factory=list)
     _paused: bool = False
@@ -74,6 +76,7 @@ class TimerFiring:
         pause_input: Callable[[bool], None],
         errors: Counter,
         dead_letter: Callable[[DeadLetter], None],
+        storm: StormGuard,
     ) -> TimerFiring:
         return cls(
             app,
@@ -88,6 +91,7 @@ class TimerFiring:
             settings.on_poison == "stop",
             dead_letter,
             app.input_topic,
+            storm,
         )
 
     def before_record(self, state: TimedState, offset: int, timestamp_ms: int) -> bool:
@@ -159,6 +163,8 @@ class TimerFiring:
         except Exception as error:  # on_timer failed every time
             self._gave_up(state, due, clock, position, error)
             return
+        if timer is not None:
+            self.storm.reset()  # fired without failing: a run of timer dead letters ends
         if outputs and timer is not None:
             header = (TIMER_HEADER, encode_timer(self.partition, position, clock, due.at_ms, timer.key))
             for topic, key, value, partition, headers in outputs:
@@ -174,6 +180,7 @@ class TimerFiring:
             raise CodeStop(where, error) from error
         if self.stop_on_poison:
             raise PoisonRecordStop(f"{where} failed {self.max_attempts} times: {type(error).__name__}: {error}")
+        self.storm.note(type(error).__name__, where, 0, 0)  # every timer dead letter continues the run
         state.begin_record()
         state.remove(due)
         log.warning("dead-lettered %s after %d attempts: %s: %s", where, self.max_attempts, type(error).__name__, error)

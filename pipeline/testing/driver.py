@@ -396,7 +396,10 @@ class AppDriver:
         except TransactionAborted:
             abort_and_rewind(task)
         except PoisonRecordStop as e:
-            commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+            try:
+                commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+            except TransactionAborted:  # TEST_ABORT_EVERY: p stops at its last commit instead
+                abort_and_rewind(task)
             log_stop(task.partition, task.next_offset, e)
             task.stop(str(e))
             self.consumer.paused.add(task.partition)

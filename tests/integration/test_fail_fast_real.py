@@ -1,7 +1,7 @@
 """Mistakes stop a partition loudly on a real broker (docs/guarantees.md: fail-fast), the Kafka sink's runner in this
-process: a mistake in the code (process returning None) stops the partition at once and ends the process; ON_POISON=stop
-on a partition's very first record. tests/postgres/test_pg_fail_fast.py runs the same
-cases through the PostgreSQL sink's runner."""
+process: a mistake in the code (process returning None) stops the partition at once and ends the process; so does a
+dead-letter storm; and ON_POISON=stop on a partition's very first record. tests/postgres/test_pg_fail_fast.py runs
+the same cases through the PostgreSQL sink's runner."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def returns_none(state: Any, record: Any) -> None:
     return None
 
 
+def raises_key_error(state: Any, record: Any) -> None:
+    raise KeyError("no such account")
+
+
 GOOD = (b"acct", b'{"id": "1", "amount": 5}')
 
 
@@ -84,3 +88,12 @@ def test_a_mistake_in_process_stops_the_partition_at_once_and_ends_the_runner(
     runner = kafka_runner(app, kafka_bootstrap, [GOOD, GOOD], processing_max_attempts=5)
     with running(runner):
         assert_stopped_loudly(runner, caplog, "process returned None", "[0]@0", "return a list of Output")
+
+
+def test_a_dead_letter_storm_stops_the_partition_and_ends_the_runner(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = dataclasses.replace(totals, process=raises_key_error)
+    runner = kafka_runner(app, kafka_bootstrap, [GOOD] * 5, dead_letter_storm=3, processing_max_attempts=1)
+    with running(runner):
+        assert_stopped_loudly(runner, caplog, "dead-letter storm: 3 records in a row failed with KeyError", "@2")

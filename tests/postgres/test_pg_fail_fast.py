@@ -15,6 +15,7 @@ from tests.integration.test_fail_fast_real import (
     GOOD,
     assert_stopped_loudly,
     config,
+    raises_key_error,
     returns_none,
     topics_with,
 )
@@ -54,3 +55,13 @@ def test_a_mistake_in_process_stops_the_partition_at_once_and_ends_the_runner(
     runner = pg_runner(app, kafka_bootstrap, postgres_dsn, pg_schema, [GOOD, GOOD], processing_max_attempts=5)
     with running(runner):
         assert_stopped_loudly(runner, caplog, "process returned None", "[0]@0", "return a list of Output")
+
+
+def test_a_dead_letter_storm_stops_the_partition_and_ends_the_runner(
+    kafka_bootstrap: str, postgres_dsn: str, pg_schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = dataclasses.replace(totals_pg, process=raises_key_error)
+    storm = {"dead_letter_storm": 3, "processing_max_attempts": 1}
+    runner = pg_runner(app, kafka_bootstrap, postgres_dsn, pg_schema, [GOOD] * 5, **storm)
+    with running(runner):
+        assert_stopped_loudly(runner, caplog, "dead-letter storm: 3 records in a row failed with KeyError", "@2")

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from pipeline import service
-from pipeline.app import App, Output, Record, State, Timer
+from pipeline.app import App, Output, Record, Reject, State, Timer
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import CodeStop, PoisonRecordStop
+from pipeline.core.task import DeadLetterStorm
 from pipeline.testing.driver import AppDriver
 from pipeline.testing.oracle import check
 from pipeline.testing.oracle.records import KafkaRecord
@@ -52,7 +53,7 @@ def test_a_wrong_return_type_stops_the_partition_at_once_naming_process_the_reco
     assert driver.dead_letters == [] and driver.committed_offset() is None and driver.state() == {}
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert said in error.message and "in[0]@0" in error.message
-    assert "return a list of Output" in error.message and "STOPPED at offset" in error.message
+    assert "return a list of Output" in error.message and "STOPPED at its first record" in error.message
 
 
 def test_the_postgres_sink_checks_what_process_returns_on_its_first_attempt() -> None:
@@ -158,3 +159,83 @@ def test_a_first_record_that_stops_its_partition_commits_nothing_of_it_and_no_of
     h.commit(task)  # what the runner does before it stops p: nothing of p to commit, and no TypeError
     assert task.next_offset is None and h.calls.produced(DLQ) == []
     assert not [a for name, a, _ in h.calls if name == "send_offsets_to_transaction"]
+
+
+# -- the dead-letter storm guard --------------------------------------------------------------------------------------
+def fails_when(state: State, record: Record) -> Iterable[Output]:
+    """A value names how the record fails: "key" -> KeyError, "value" -> ValueError, "reject" -> Reject, else ok."""
+    how = record.value
+    if how == "key":
+        raise KeyError("no such account")
+    if how == "value":
+        raise ValueError("bad amount")
+    if how == "reject":
+        raise Reject("late")
+    return [Output(how)]
+
+
+STORMY = App("stormy", "in", "out", fails_when)
+
+
+def send_all(driver: AppDriver, values: list[str]) -> None:
+    for value in values:
+        driver.send("k", value)  # one record per call: the guard counts across commits
+
+
+def test_a_storm_of_one_error_type_stops_the_partition_at_the_nth_failure(caplog: pytest.LogCaptureFixture) -> None:
+    driver = AppDriver(STORMY, dead_letter_storm=3, processing_max_attempts=1)
+    send_all(driver, ["ok", "key", "key", "key", "key"])
+    assert driver.tasks[0].phase is Phase.STOPPED
+    assert [d.offset for d in driver.dead_letters] == [1, 2] and driver.committed_offset() == 3
+    assert "dead-letter storm: 3 records in a row failed with KeyError (from in[0]@1" in caplog.text
+    assert "DEAD_LETTER_STORM=3" in caplog.text and "in[0]@3" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["key", "key", "ok", "key", "key", "ok"],  # a success ends a run
+        ["key", "key", "value", "key", "key", "value"],  # so does another error type
+        ["key", "key", "reject", "key", "key", "reject"],  # and a Reject, which does not count itself
+        ["reject"] * 6,
+    ],
+)
+def test_runs_shorter_than_the_limit_are_dead_lettered_as_usual(values: list[str]) -> None:
+    driver = AppDriver(STORMY, dead_letter_storm=3, processing_max_attempts=1)
+    send_all(driver, values)
+    assert driver.tasks[0].phase is Phase.RUNNING
+    assert len(driver.dead_letters) == sum(v != "ok" for v in values)
+
+
+def test_the_guard_is_off_at_zero_and_on_by_default() -> None:
+    driver = AppDriver(STORMY, dead_letter_storm=0, processing_max_attempts=1)
+    send_all(driver, ["key"] * 150)
+    assert len(driver.dead_letters) == 150 and driver.tasks[0].phase is Phase.RUNNING
+    default = AppDriver(STORMY, processing_max_attempts=1)
+    send_all(default, ["key"] * 150)
+    assert len(default.dead_letters) == 99 and default.tasks[0].phase is Phase.STOPPED
+
+
+def test_aborted_transactions_neither_count_their_dead_letters_twice_nor_forget_the_committed_ones() -> None:
+    driver = AppDriver(STORMY, dead_letter_storm=3, processing_max_attempts=1, test_abort_every=2)
+    send_all(driver, ["key", "key"])  # the second one's transaction aborts, and it is processed again
+    assert len(driver.dead_letters) == 2 and driver.tasks[0].phase is Phase.RUNNING
+    send_all(driver, ["key"])
+    assert driver.tasks[0].phase is Phase.STOPPED and len(driver.dead_letters) == 2
+
+
+def test_the_postgres_sink_has_the_same_guard() -> None:
+    pg = pg_task(App("stormy", INPUT, OUTPUT, fails_when), dead_letter_storm=3, processing_max_attempts=1)
+    with pytest.raises(DeadLetterStorm, match="3 records in a row failed with SerdeError"):
+        pg.process([poison(10), poison(11), poison(12), poison(13)])
+    assert [d.offset for d in pg.dead_letters] == [10, 11] and pg.next_offset == 12
+
+
+def test_a_storm_of_failing_timers_stops_the_partition() -> None:
+    def broken(state: State, timer: Timer) -> Iterable[Output]:
+        raise RuntimeError("bug")
+
+    driver = AppDriver(App("t", "in", "out", schedule, on_timer=broken), dead_letter_storm=3, processing_max_attempts=1)
+    for i in range(6):  # each record makes the one before's timer due; the records themselves succeed
+        driver.send(f"k{i}", {"at": i}, timestamp_ms=i)
+    assert driver.tasks[0].phase is Phase.STOPPED and len(driver.dead_letters) == 2

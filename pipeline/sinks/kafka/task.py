@@ -93,7 +93,9 @@ class KafkaTask(Task):
         # pays one test per record.
         errors, letter = metrics.processing_errors.labels(self.label), self._timer_letter
         self._timers = (
-            TimerFiring.of(ctx.app, s, partition, self._encode, self._produce, self._pause_input, errors, letter)
+            TimerFiring.of(
+                ctx.app, s, partition, self._encode, self._produce, self._pause_input, errors, letter, self.timer_storm
+            )
             if ctx.app.timed
             else None
         )
@@ -226,7 +228,7 @@ class KafkaTask(Task):
         def try_once() -> list[Encoded]:  # what process returns is checked here, off the hot path (fail-fast)
             return [encode(o) for o in checked_outputs("process", app.process(state, record_from_message(app, msg)))]
 
-        outcome = self._attempts.retry(state, msg, error, try_once)
+        outcome = self.retry_record(msg, error, try_once)
         if not isinstance(outcome, DeadLetter):
             return outcome
         self._letter(outcome)

@@ -229,8 +229,8 @@ class PostgresTask(Task):
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter becomes
         a row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
         app, state = self.app, self.state
-        outcome = self._attempts.retry(
-            state, msg, error, lambda: checked_outputs("process", app.process(state, record_from_message(app, msg)))
+        outcome = self.retry_record(
+            msg, error, lambda: checked_outputs("process", app.process(state, record_from_message(app, msg)))
         )
         if isinstance(outcome, DeadLetter):
             self.dead_letters.append(outcome)
