@@ -193,7 +193,11 @@ class App:
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
 
     def __post_init__(self) -> None:
+        from pipeline.app_checks import check_app, check_topics  # which imports this module
+
+        check_app(self)
         self._normalise_inputs()
+        check_topics(self)
         if self.state_ttl_clock not in CLOCKS:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
@@ -215,7 +219,7 @@ class App:
         their first topic; tables become Tables. `inputs` itself stays as given, so that replace(app, input_topic=...)
         renames the input of a one-input App."""
         if self.process is _missing_process:
-            raise ValueError(f"App {self.name!r}: process is missing")
+            raise ValueError(f"App {self.name!r}: process is missing: App(name, input_topic, output_topic, process)")
         given = self.inputs or ((self.input_topic,) if self.input_topic else ())
         streams = tuple(Stream(s, self.key_serde, self.value_serde) if isinstance(s, str) else s for s in given)
         if not streams:
