@@ -65,6 +65,12 @@ class Metrics:
             "pipeline_lost_partitions", "Partitions lost without a revoke (membership expired)", registry=r
         )
         self.dead_letters = Counter("pipeline_dead_letters", "Records written to the dead-letter topic", registry=r)
+        self.stopped = Gauge(
+            "pipeline_stopped_partitions",
+            "Owned partitions stopped (ON_POISON=stop, a mistake in the code, a dead-letter storm): need an operator",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )

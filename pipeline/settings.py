@@ -94,6 +94,9 @@ class Settings:
     processing_max_attempts: int = 3
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
+    # The dead-letter storm guard (docs/guarantees.md: fail-fast): this many records in a row failing with the same
+    # error type stop the partition (the last of them is not dead-lettered); 0: off.
+    dead_letter_storm: int = 100
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
     # Several inputs (docs/inputs.md): how long a task waits for an empty input before it takes the others' records
     # alone, out of timestamp order with what that input may bring later; not at all for an input that is caught up
@@ -196,6 +199,7 @@ def validate(s: Settings) -> None:
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.dead_letter_storm >= 0, f"DEAD_LETTER_STORM must be 0 (off) or more, not {s.dead_letter_storm}")
     _validate_failover(s)
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")

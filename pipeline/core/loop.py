@@ -16,7 +16,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.core.lifecycle import Lifecycle, Phase
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import log_stop
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings, live_timeout_ms
@@ -48,6 +48,7 @@ class PollLoop:
         self.metrics = Metrics()
         self.consumer = None
         self._stop = threading.Event()
+        self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
 
@@ -105,6 +106,7 @@ class PollLoop:
             return
         self._next_gauge_update = now + 1.0
         self.metrics.ready.set(1 if self.is_ready() else 0)
+        self._count_stopped()
         for p, owned in self._owned_partitions().items():
             if owned.phase is not Phase.RUNNING:
                 continue
@@ -218,12 +220,26 @@ class PollLoop:
         return [TopicPartition(self.input_topic, p)]
 
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
-        """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
-        (the runner has committed what came before it)."""
-        fix = getattr(error, "fix", PoisonRecordStop.fix)
-        log.error("p%d: STOPPED at offset %s: %s. %s", owned.partition, owned.next_offset, error, fix)
+        """p stops where the failing record is, paused, until an operator restarts the process (the runner has
+        committed what came before it): never silently (docs/guarantees.md: fail-fast). An ERROR, the stopped
+        partitions gauge, /ready false; once every partition of this process stopped, the process ends (run_service
+        returns PARTITIONS_STOPPED_EXIT)."""
+        log_stop(owned.partition, owned.next_offset, error)
         owned.stop(str(error))
         self._pause(owned.partition)
+        self.metrics.ready.set(0)
+        self._count_stopped()
+
+    def _count_stopped(self) -> None:
+        owned = self._owned_partitions().values()
+        stopped = sum(1 for o in owned if o.phase is Phase.STOPPED)
+        self.metrics.stopped.set(stopped)
+        if owned and stopped == len(owned) and not self.all_stopped:
+            log.error(
+                "every partition of this process stopped (%d): the process ends, not a zombie that polls", stopped
+            )
+            self.all_stopped = True
+            self.stop()
 
     # -- supplied by each runner -------------------------------------------------------------------------------------
     def open(self) -> None:
