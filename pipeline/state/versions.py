@@ -69,4 +69,7 @@ def current_value(stored: bytes, current: int, serde: Serde, migrate: Migrate | 
         raise StateVersionError(
             f"state key {key!r} was written at state version {version}; the App is at {current} but has no migrate"
         )
-    return serde.serialize(migrate(version, serde.deserialize(payload)))
+    migrated = serde.serialize(migrate(version, serde.deserialize(payload)))
+    if migrated is None:  # None is the tombstone: a state holds no None value
+        raise StateVersionError(f"state key {key!r}: migrate({version}, value) gave a value the serde encodes as None")
+    return migrated
