@@ -21,9 +21,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pipeline.serde import JSON, STRING, Serde
+
+
+class StateTimers(Protocol):
+    """`state.timers` of an App with `on_timer` or `state_ttl_ms` (pipeline/state/timed.py implements it)."""
+
+    def schedule(self, key: str, at_ms: int, payload: Any = None, clock: str = "stream") -> None: ...
+
+    def cancel(self, key: str, clock: str = "stream") -> bool: ...
+
+    def get(self, key: str, clock: str = "stream") -> Timer | None: ...
+
+    @property
+    def stream_time_ms(self) -> int | None: ...
+
+    @property
+    def wall_time_ms(self) -> int: ...
 
 
 class State(MutableMapping[str, Any]):
@@ -31,6 +47,7 @@ class State(MutableMapping[str, Any]):
     and `tables`, the App's tables by name (`state.tables["accounts"].get(key)`: read-only, key -> latest value)."""
 
     tables: Mapping[str, Mapping[Any, Any]]
+    timers: StateTimers  # only in the state of an App with on_timer or state_ttl_ms (App.timed)
 
 
 class Record(NamedTuple):
