@@ -13,15 +13,8 @@ from dataclasses import dataclass, field
 from pipeline.app import App, Output, Reject
 from pipeline.core.provenance import TimerSource
 from pipeline.state.store import PartitionState
-from pipeline.testing.oracle.records import Coord, KafkaRecord
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord
 from pipeline.testing.oracle.timers import Firings, new_state
-
-
-@dataclass(frozen=True, slots=True)
-class ExpectedOutput:
-    key: bytes | None
-    value: bytes | None
-    partition: int | None  # None: the app let the producer's partitioner choose, so it is not checked
 
 
 @dataclass
