@@ -19,7 +19,7 @@ a record came from. `tables={"name": Table(...)}` are compacted topics co-partit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -34,6 +34,8 @@ class StateTimers(Protocol):
     def cancel(self, key: str, clock: str = "stream") -> bool: ...
 
     def get(self, key: str, clock: str = "stream") -> Timer | None: ...
+
+    def __iter__(self) -> Iterator[Timer]: ...  # every pending timer, in firing order per clock
 
     @property
     def stream_time_ms(self) -> int | None: ...
