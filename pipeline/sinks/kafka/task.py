@@ -127,9 +127,10 @@ class KafkaTask(Task):
             self._timers.held.extend(messages)
             return
         app, state, partition, timers = self.app, self.state, self.partition, self._timers
-        name = app.streams[0].name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
+        stream = app.streams[0]  # its serdes, not the App's: App(inputs=[Stream(t, BYTES, BYTES)]) has one input too
+        name = stream.name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
-        decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
+        decode_key, decode_value = skip_bytes_deserialize(stream.key_serde), skip_bytes_deserialize(stream.value_serde)
         encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
         processed = produced = 0
         for msg in messages:
