@@ -183,6 +183,10 @@ class App:
     inputs: Sequence[Stream | str] = ()
     tables: Mapping[str, Table | str] = field(default_factory=dict)  # co-partitioned tables, by name
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
+    # What __post_init__ makes of inputs and tables: Streams and Tables (`streams`, `table_specs`, ...).
+    _streams: tuple[Stream, ...] = field(init=False, repr=False, compare=False, default=())
+    _table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _global_table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._normalise_inputs()
@@ -228,11 +232,13 @@ class App:
         object.__setattr__(self, "input_topic", streams[0].topic)
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "global_tables", global_tables)
+        object.__setattr__(self, "_table_specs", tables)
+        object.__setattr__(self, "_global_table_specs", global_tables)
 
     @property
     def streams(self) -> tuple[Stream, ...]:
         """The input streams, the first one's partitions assigned by the group (the others' go with them)."""
-        return self._streams  # type: ignore[no-any-return,attr-defined]  # set by __post_init__
+        return self._streams
 
     @property
     def co_partitioned(self) -> tuple[str, ...]:
@@ -241,11 +247,11 @@ class App:
 
     @property
     def table_specs(self) -> Mapping[str, Table]:
-        return self.tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._table_specs
 
     @property
     def global_table_specs(self) -> Mapping[str, Table]:
-        return self.global_tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._global_table_specs
 
     @property
     def multi_input(self) -> bool:

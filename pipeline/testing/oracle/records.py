@@ -39,7 +39,7 @@ class KafkaRecord:
     def source(self) -> Coord | None:
         """The input coordinate named by the eos.source header; None if absent or malformed."""
         try:
-            return decode_source(self.headers)  # type: ignore[arg-type]  # a tuple of pairs reads the same
+            return decode_source(self.headers)
         except ValueError:
             return None
 
