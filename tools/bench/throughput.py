@@ -418,6 +418,8 @@ KEY_FUNCTIONS = (  # (file suffix, function): where the profiled thread waits or
 )
 
 
+# pstats.Stats.stats (the profile's table) and .fcn_list (its keys, sorted) are what print_stats reads; typeshed does
+# not declare them, hence the `type: ignore[attr-defined]` where they are read.
 def key_entries(stats: pstats.Stats, seconds: float) -> list[str]:
     lines = []
     for suffix, name in KEY_FUNCTIONS:
