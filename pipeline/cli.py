@@ -150,7 +150,9 @@ def _run(args: argparse.Namespace) -> int:
         from pipeline.supervisor import supervise
 
         check_connection(settings)  # once here, before any worker starts
-        return supervise(args.app, settings, args.workers, args.log_level, stop_requested)
+        return supervise(
+            args.app, settings, args.workers, args.log_level, stop_requested, group=settings.app_id or app.name
+        )
     return run_service(app, settings, stop_requested)
 
 

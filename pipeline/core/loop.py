@@ -19,7 +19,7 @@ from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
-from pipeline.settings import CONSUMER, Settings
+from pipeline.settings import CONSUMER, Settings, live_timeout_ms
 
 log = logging.getLogger(__name__)
 # Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
@@ -49,6 +49,7 @@ class PollLoop:
         self.consumer = None
         self._stop = threading.Event()
         self._next_gauge_update = 0.0
+        self._turned_at = time.monotonic()  # the poll loop's last turn: /live
 
     def run(self) -> None:
         self.open()
@@ -58,12 +59,13 @@ class PollLoop:
                 "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)"
             )
         port = self.settings.metrics_port
-        health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
+        health = HealthServer(self.metrics, self.is_ready, port, is_live=self.is_live).start() if port else None
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         try:
             while not self._stop.is_set():
+                self._turned_at = time.monotonic()
                 self._loop_once()
         finally:
             self._shutdown()
@@ -83,6 +85,12 @@ class PollLoop:
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+
+    def is_live(self, now: float | None = None) -> bool:
+        """The poll loop turned within LIVE_TIMEOUT_MS: a loop stuck longer (a call that never returns, a deadlock)
+        makes /live answer 503, so that the orchestrator restarts the process."""
+        elapsed = (time.monotonic() if now is None else now) - self._turned_at
+        return elapsed * 1000 < live_timeout_ms(self.settings)
 
     def is_ready(self) -> bool:
         return all(owned.phase is Phase.RUNNING for owned in self._owned_partitions().values())
