@@ -19,11 +19,29 @@ a record came from. `tables={"name": Table(...)}` are compacted topics co-partit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pipeline.serde import JSON, STRING, Serde
+
+
+class StateTimers(Protocol):
+    """`state.timers` of an App with `on_timer` or `state_ttl_ms` (pipeline/state/timed.py implements it)."""
+
+    def schedule(self, key: str, at_ms: int, payload: Any = None, clock: str = "stream") -> None: ...
+
+    def cancel(self, key: str, clock: str = "stream") -> bool: ...
+
+    def get(self, key: str, clock: str = "stream") -> Timer | None: ...
+
+    def __iter__(self) -> Iterator[Timer]: ...  # every pending timer, in firing order per clock
+
+    @property
+    def stream_time_ms(self) -> int | None: ...
+
+    @property
+    def wall_time_ms(self) -> int: ...
 
 
 class State(MutableMapping[str, Any]):
@@ -31,6 +49,11 @@ class State(MutableMapping[str, Any]):
     and `tables`, the App's tables by name (`state.tables["accounts"].get(key)`: read-only, key -> latest value)."""
 
     tables: Mapping[str, Mapping[Any, Any]]
+
+    @property
+    def timers(self) -> StateTimers:
+        """This partition's timers: only in the state of an App with on_timer or state_ttl_ms (App.timed)."""
+        raise NotImplementedError
 
 
 class Record(NamedTuple):
@@ -191,6 +214,10 @@ class App:
     inputs: Sequence[Stream | str] = ()
     tables: Mapping[str, Table | str] = field(default_factory=dict)  # co-partitioned tables, by name
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
+    # What __post_init__ makes of inputs and tables: Streams and Tables (`streams`, `table_specs`, ...).
+    _streams: tuple[Stream, ...] = field(init=False, repr=False, compare=False, default=())
+    _table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _global_table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         from pipeline.app_checks import check_app, check_topics  # which imports this module
@@ -240,11 +267,13 @@ class App:
         object.__setattr__(self, "input_topic", streams[0].topic)
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "global_tables", global_tables)
+        object.__setattr__(self, "_table_specs", tables)
+        object.__setattr__(self, "_global_table_specs", global_tables)
 
     @property
     def streams(self) -> tuple[Stream, ...]:
         """The input streams, the first one's partitions assigned by the group (the others' go with them)."""
-        return self._streams  # type: ignore[no-any-return,attr-defined]  # set by __post_init__
+        return self._streams
 
     @property
     def co_partitioned(self) -> tuple[str, ...]:
@@ -253,11 +282,11 @@ class App:
 
     @property
     def table_specs(self) -> Mapping[str, Table]:
-        return self.tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._table_specs
 
     @property
     def global_table_specs(self) -> Mapping[str, Table]:
-        return self.global_tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._global_table_specs
 
     @property
     def multi_input(self) -> bool:

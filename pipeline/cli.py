@@ -240,7 +240,7 @@ def _acls(args: argparse.Namespace) -> int:
 def _grant(admin_settings: Settings, grants: list[tuple[str, str, list[Acl]]]) -> int:
     """create_acls with the admin's settings; one line per binding granted or refused."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ResourcePatternType  # type: ignore[attr-defined]  # not in its stubs' exports
+    from confluent_kafka.admin import AdminClient, ResourcePatternType
 
     from pipeline.kafka.acls import bindings
     from pipeline.kafka.clients import client_config

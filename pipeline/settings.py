@@ -282,7 +282,7 @@ def _field_types(cls: type[Settings]) -> dict[str, type]:
     return {f.name: hints[f.name] for f in fields(cls) if f.name != "kafka"}
 
 
-def _declared_by_subclasses(cls: type) -> set[str]:
+def _declared_by_subclasses(cls: type[Settings]) -> set[str]:
     """Names of the fields that service-specific subclasses of Settings add: another loader's, not unknown."""
     names: set[str] = set()
     for sub in cls.__subclasses__():

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("snapshots").setLevel(logging.INFO)  # also under `pipeline snapshots` (root at WARNING)
-    return args.command(args)
+    return int(args.command(args))
 
 
 def _show(args: argparse.Namespace) -> int:

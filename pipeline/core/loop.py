@@ -173,7 +173,8 @@ class PollLoop:
                 if error.fatal() or error.code() == KafkaError._FATAL:
                     raise FatalRunnerError(f"consumer: {error}")
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:  # auto.offset.reset=error (kafka/clients.py)
-                    self._input_records_deleted(m.topic(), m.partition(), error.str())
+                    # A partition's error: it names the topic and partition (None only for a client-wide error).
+                    self._input_records_deleted(cast(str, m.topic()), cast(int, m.partition()), error.str())
                     continue
                 log.warning("consumer: %s", error)
                 continue

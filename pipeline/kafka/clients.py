@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import Producer
 
 from pipeline.settings import CLASSIC, Settings
 
 
-def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> None:
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
     """produce(), waiting while the producer's local queue is full (BufferError) for deliveries to drain it."""
     while True:
         try:
@@ -18,11 +20,11 @@ def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> Non
             producer.poll(0.05)
 
 
-def client_config(settings: Settings) -> dict:
+def client_config(settings: Settings) -> dict[str, Any]:
     return {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka}
 
 
-def consumer_config(settings: Settings, group_id: str) -> dict:
+def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """The input consumer: read_committed, offsets committed only by the protocol, incremental rebalancing."""
     s = settings
     config = {
@@ -59,7 +61,7 @@ def consumer_config(settings: Settings, group_id: str) -> dict:
     return config
 
 
-def producer_config(settings: Settings, transactional_id: str | None) -> dict:
+def producer_config(settings: Settings, transactional_id: str | None) -> dict[str, Any]:
     """Idempotent; transactional when given a transactional.id."""
     config = {
         **client_config(settings),
@@ -80,7 +82,7 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict:
     return config
 
 
-def restore_consumer_config(settings: Settings, group_id: str) -> dict:
+def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """Reads internal topics by assignment; never commits, never jumps over deleted records."""
     return {
         **client_config(settings),

@@ -40,7 +40,9 @@ def connect_check(settings: Settings, timeout_s: float | None = None) -> None:
     timeout_s = settings.request_timeout_ms / 1000 if timeout_s is None else timeout_s
     errors: list[KafkaError] = []
     try:
-        admin = AdminClient({**client_config(settings), "error_cb": errors.append})
+        # The stub types the configuration's values as str/int/float/bool; librdkafka's callbacks (error_cb) are
+        # documented configuration values too.
+        admin = AdminClient({**client_config(settings), "error_cb": errors.append})  # type: ignore[dict-item]
     except KafkaException as e:
         raise ConnectionRefused(config_problem(e.args[0])) from None
     future = admin.describe_cluster(request_timeout=timeout_s)
@@ -98,7 +100,8 @@ _ALIASES = {"mechanism": "sasl.mechanisms", "sasl.mechanism": "sasl.mechanisms",
 def config_problem(error: KafkaError) -> str:
     """A client librdkafka refused to create: name the property's setting (the key's password with the key)."""
     text = error.str()
-    prop = next((m.group(m.lastindex) for p in _PROPERTY_PATTERNS if (m := p.search(text))), None)
+    # Every pattern captures the property in a group, so a match always has a lastindex (0, the whole match, is unused).
+    prop = next((m.group(m.lastindex or 0) for p in _PROPERTY_PATTERNS if (m := p.search(text))), None)
     if prop is None:
         return f"the Kafka client cannot be created: {text} (check the PIPELINE_KAFKA_* settings)"
     prop = _ALIASES.get(prop.lower(), prop)

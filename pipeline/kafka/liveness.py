@@ -230,7 +230,7 @@ class Liveness:
 
     def _read(self) -> None:
         for message in self._consumer.consume(1000, 0.01):
-            if message.error() is None and (beat := Beat.decode(message.value())) is not None:
+            if message.error() is None and (beat := Beat.decode(message.value() or b"")) is not None:  # b"": None
                 self.peers.heard(beat, time.monotonic())
 
     def _act(self, beat: Beat) -> None:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
 from pipeline.kafka.acls import Acl, Names, service_acls
 from pipeline.retry import Backoff, retry
@@ -175,7 +175,7 @@ def _group_gaps(admin: AdminClient, groups: list[Acl], timeout_s: float) -> list
     return gaps
 
 
-def _operations(authorized: list | None) -> set[str] | None:
+def _operations(authorized: list[AclOperation] | None) -> set[str] | None:
     """The operation names the broker reported, or None when it reported none (a broker before KIP-430)."""
     return None if authorized is None else {op.name for op in authorized}
 

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from heapq import heapify, heappop, heappush
 from typing import Any, NamedTuple
 
-from pipeline.app import CLOCKS, App, CodeError, Timer
-from pipeline.serde import JSON, Serde
+from pipeline.app import CLOCKS, App, CodeError, Migrate, Timer
+from pipeline.serde import JSON, Serde, SerdeError
 from pipeline.state.store import PartitionState
-from pipeline.state.versions import VERSION_KEY, Migrate, current_value, refuse_newer, tag
+from pipeline.state.versions import VERSION_KEY, current_value, refuse_newer, tag
 
 RESERVED = "__eos."
 STREAM_TIME_KEY = "__eos.stream_time"
@@ -136,7 +136,7 @@ class TimedState(PartitionState):
         for key, value in super().changes():
             yield key, value if value is None or key.startswith(RESERVED) else tag(version, value)
 
-    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+    def encoded_items(self) -> Iterable[tuple[str, bytes]]:
         version = self.version
         if version == 1:
             return super().encoded_items()
@@ -320,7 +320,10 @@ class Timers:
         state = self._state
         if not state.fires:
             raise CodeError("process", "schedules a timer, but the App has no on_timer", "give the App on_timer=...")
-        state._put(TIMER_PREFIXES[clock] + key, int(at_ms), b"" if payload is None else state._serde.serialize(payload))
+        encoded = b"" if payload is None else state._serde.serialize(payload)
+        if encoded is None:  # b"" is "no payload": a payload encoded as None would be lost
+            raise SerdeError(f"the state serde encoded a timer payload {type(payload).__name__} as None")
+        state._put(TIMER_PREFIXES[clock] + key, int(at_ms), encoded)
 
     def cancel(self, key: str, clock: str = "stream") -> bool:
         """Deletes timer (clock, key); False if there was none."""
@@ -335,7 +338,7 @@ class Timers:
 
     def __iter__(self) -> Iterator[Timer]:
         """Every pending timer, in firing order per clock (stream, then wall). A scan of the state: for tests."""
-        found = []
+        found: list[Timer] = []
         for clock, prefix in TIMER_PREFIXES.items():
             keys = [key[len(prefix) :] for key in self._state._data if key.startswith(prefix)]
             found.extend(timer for key in keys if (timer := self.get(key, clock)) is not None)

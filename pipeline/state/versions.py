@@ -75,4 +75,7 @@ def current_value(stored: bytes, current: int, serde: Serde, migrate: Migrate | 
             f"migrate({version}, value of state key {key!r}) returned None: return the value as state version "
             f"{current} reads it (a state value cannot be None)"
         )
-    return serde.serialize(value)
+    migrated = serde.serialize(value)
+    if migrated is None:  # None is the tombstone: a state holds no None value
+        raise StateVersionError(f"state key {key!r}: migrate({version}, value) gave a value the serde encodes as None")
+    return migrated

@@ -123,8 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rotation = tuple(n for n in names if n in soak.ROTATION)
         if args.cluster or not rotation:
             parser.error(f"--profile soak rotates process faults ({', '.join(soak.ROTATION)}) on one broker")
-        profile = soak.SoakProfile(args.records, args.minutes, rotation=rotation)
-        return soak.main(app, args.app, args.bootstrap_servers, args.seed, Path(args.log_dir), profile)
+        soak_profile = soak.SoakProfile(args.records, args.minutes, rotation=rotation)
+        return soak.main(app, args.app, args.bootstrap_servers, args.seed, Path(args.log_dir), soak_profile)
     bootstrap, replication = args.bootstrap_servers, 1
     if args.cluster:
         subprocess.run([str(KAFKA_SH), "--cluster", "start"], check=True)

@@ -59,7 +59,9 @@ class Produced(NamedTuple):
     value: Any
     topic: str
     partition: int
-    source: tuple[int, int] | None  # the input record (partition, offset) it came from; None for a timer's
+    # The input record it came from: (partition, offset), with the input's index for another than the first input
+    # (several inputs); None for a timer's.
+    source: tuple[int, int] | tuple[int, int, int] | None
     timer: TimerSource | None  # the timer firing it came from; None for a record's
 
 

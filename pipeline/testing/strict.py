@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.app import CodeError, Output, State, checked_outputs
+from pipeline.app import CodeError, Output, State, StateTimers, checked_outputs
 from pipeline.serde import Serde
 
 UNASSIGNED_FIX = "assign it back: value = state[key]; value[...] = ...; state[key] = value"
@@ -50,7 +50,11 @@ class WatchedState(State):
     def __contains__(self, key: object) -> bool:
         return key in self._state
 
-    def __getattr__(self, name: str) -> Any:  # tables, timers
+    @property
+    def timers(self) -> StateTimers:
+        return self._state.timers
+
+    def __getattr__(self, name: str) -> Any:  # tables, and what the runtime's own state adds
         return getattr(self._state, name)
 
     def check(self, function: str) -> None:

@@ -144,7 +144,7 @@ class Reader:
         for m in messages:
             if m.error():
                 raise KafkaException(m.error())
-            yield now, float(orjson.loads(m.value())["id"])
+            yield now, float(orjson.loads(m.value() or b"")["id"])  # the bench's records all have a value
 
     def close(self) -> None:
         self.consumer.close()
@@ -205,8 +205,16 @@ class Bench:
                 member_env["PIPELINE_GROUP_INSTANCE_ID"] = f"{env['PIPELINE_GROUP_INSTANCE_ID']}-{name}"
             logs.append(log_path := self.log_dir / f"{app_id}-{name}.log")
             with open(log_path, "wb") as out:
-                streams = {"stdout": out, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
-                processes.append(subprocess.Popen(argv, cwd=self.tree, env=member_env, **streams))
+                processes.append(
+                    subprocess.Popen(
+                        argv,
+                        cwd=self.tree,
+                        env=member_env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
         return Members(processes, logs)
 
     def _wait_ready(self, members: Members, reader: Reader, app_id: str, in_topic: str, keys: int) -> None:

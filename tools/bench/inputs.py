@@ -107,7 +107,7 @@ def fill_table(bootstrap: str, topic: str, keys: int, every_partition: bool) -> 
 # -- throughput --------------------------------------------------------------------------------------------------------
 def throughput_once(bootstrap: str, app: App, records: int, timeout_s: float) -> float | None:
     with fresh_topics(bootstrap, [input_apps.A, input_apps.B, input_apps.OUT]) as suffix:
-        topics = [f"{s.topic}{suffix}" for s in app.inputs]
+        topics = [f"{s.topic}{suffix}" for s in app.streams]
         produce(bootstrap, ((topics[i % len(topics)], i % PARTITIONS, b"k%d" % i, VALUE) for i in range(records)))
         settings = settings_module.load(
             env={},

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -123,7 +124,7 @@ def describe_dsn(dsn: str) -> str:
     return f"{info.get('user', '?')}@{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '?')}"
 
 
-def connection_kwargs(settings: Settings, application_name: str) -> dict:
+def connection_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
     """Session settings of every connection of the sink.
 
     idle_in_transaction_session_timeout: a worker holds a transaction open only while it writes a batch, never while
@@ -181,7 +182,7 @@ def _server_message(text: str) -> str:
 CONNECT_BACKOFF = Backoff(0.2, 2.0, 2.0)  # a server starting or restarting: soon, then every 2 s
 
 
-def connect_checked(dsn: str, kwargs: dict, timeout_s: float) -> psycopg.Connection:
+def connect_checked(dsn: str, kwargs: dict[str, Any], timeout_s: float) -> psycopg.Connection:
     """A connection, retried with back-off while the server is unreachable or starting (up to timeout_s); a clear
     PostgresSetupError at once for a missing database or wrong credentials, or when the time is up."""
 
@@ -201,7 +202,7 @@ def connect_checked(dsn: str, kwargs: dict, timeout_s: float) -> psycopg.Connect
         ) from None
 
 
-def prepare_database(dsn: str, kwargs: dict, schema: str, tables: Sequence[Table], timeout_s: float) -> int:
+def prepare_database(dsn: str, kwargs: dict[str, Any], schema: str, tables: Sequence[Table], timeout_s: float) -> int:
     """connect_checked + ensure_schema, started again when the server goes away half-way (a restart, a failover):
     the migration is one transaction, so a retry sees either all of it or none. Returns the schema version."""
     deadline = time.monotonic() + timeout_s
@@ -278,11 +279,12 @@ def _check_tables(conn: psycopg.Connection, schema: str, tables: Iterable[Table]
 def table_problems(conn: psycopg.Connection, schema: str, table: Table) -> list[str]:
     """Differences between `table` and what the database has (missing table or column, other type, other key)."""
     name = f"{schema}.{table.name}"
-    oid = conn.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid", (schema, table.name))
-    oid = oid.fetchone()[0]
+    query = "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid"
+    row = conn.execute(query, (schema, table.name)).fetchone()
+    oid = None if row is None else row[0]  # always one row: to_regclass gives NULL for a missing table
     if oid is None:
         return [f"{name} does not exist"]
-    have = dict(
+    have: dict[str, str] = dict(
         conn.execute(
             "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",

@@ -15,8 +15,8 @@ from pipeline.core.provenance import TIMER_HEADER, decode_timer
 from pipeline.state.changelog import is_checkpoint
 from pipeline.testing.oracle.inputs import GLOBAL_TABLE_NOTE, all_inputs, by_declared_names, fold_several, topics_of
 from pipeline.testing.oracle.offsets import check_offsets, check_offsets_several
-from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
-from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord, RunData, TopicDump
+from pipeline.testing.oracle.reference import Reference, fold_reference
 from pipeline.testing.oracle.timers import check_timers, comparable, timer_dead_letters, timer_outputs
 from pipeline.testing.oracle.verdict import Findings, Verdict, clip, coord_name
 
@@ -65,7 +65,7 @@ def parse_dead_letters(
 def extra_outputs(by_source: Mapping[Coord, list[KafkaRecord]], reference: Reference) -> set[Coord]:
     """Positions (output partition, offset) of outputs beyond the reference's count for their source: the
     duplicates. The order check skips them, so one duplicate is reported once."""
-    extras = set()
+    extras: set[Coord] = set()
     for source, outs in by_source.items():
         extras.update(out.coord for out in outs[reference.expected_count(source) :])
     return extras

@@ -26,10 +26,10 @@ from pipeline.core.provenance import TIMER_HEADER, TimerSource, decode_timer
 from pipeline.state.store import PartitionState
 from pipeline.state.timed import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 from pipeline.state.versions import VERSION_KEY, StateVersionError, current_value, tag
-from pipeline.testing.oracle.records import KafkaRecord
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord
 from pipeline.testing.oracle.verdict import Findings, Verdict
 
-Encode = Callable[[Output], object]  # Output -> ExpectedOutput
+Encode = Callable[[Output], ExpectedOutput]
 DEAD_LETTER_TIMER = DEAD_LETTER_PREFIX + "timer"  # a timer's dead letter names its firing here
 
 
@@ -47,7 +47,7 @@ class Firings:
 
     def __init__(self, app: App, encode: Encode, output_topic: str, wall_firings: Iterable[TimerSource]) -> None:
         self.app, self.encode, self.output_topic = app, encode, output_topic
-        self.outputs: dict[TimerSource, list] = {}
+        self.outputs: dict[TimerSource, list[ExpectedOutput]] = {}
         self.failures: dict[TimerSource, str] = {}
         self.unplaceable: list[tuple[TimerSource, str]] = []
         self._walls: dict[int, list[TimerSource]] = defaultdict(list)
@@ -58,7 +58,8 @@ class Firings:
         self.walls_until(state, record.partition, record.offset)
         if record.timestamp_ms >= 0:
             state.advance_stream_time(record.timestamp_ms)
-        while (due := state.pop_due("stream", state.stream_time_ms)) is not None:
+        # No stream time yet (no record with a timestamp so far): nothing is due, as in the runtime (core/timers.py).
+        while (now := state.stream_time_ms) is not None and (due := state.pop_due("stream", now)) is not None:
             key = due.entry[len(TIMER_PREFIXES["stream"]) :]
             self._fire(state, due, TimerSource(record.partition, record.offset, "stream", due.at_ms, key))
 
@@ -84,6 +85,8 @@ class Firings:
         timer = state.remove(due)
         if timer is not None:
             try:
+                if self.app.on_timer is None:  # as the runtime says it (core/timers.py)
+                    raise TypeError(f"{self.app.name}: a timer is due but the App has no on_timer")
                 outputs = list(self.app.on_timer(state, timer))
                 self.outputs.setdefault(firing, []).extend(
                     self.encode(out) for out in outputs if out.topic in (None, self.output_topic)
@@ -123,14 +126,14 @@ def check_timers(
     by_firing: Mapping[TimerSource, list[KafkaRecord]],
     firings: Firings,
     verdict: Verdict,
-    mismatch: Callable[[KafkaRecord, object], str],
+    mismatch: Callable[[KafkaRecord, ExpectedOutput], str],
     dead: Sequence[TimerSource] = (),
-) -> set[tuple[int, int]]:
+) -> set[Coord]:
     """Each firing's outputs against the reference's, into the verdict's categories; returns the positions of outputs
     beyond the reference's count (duplicates), which the order check skips. `dead`: the firings the run dead-lettered,
     each of which must be one whose on_timer fails in the reference too, once."""
     _check_timer_dead_letters(dead, firings, verdict)
-    extras = set()
+    extras: set[Coord] = set()
     for firing in sorted(by_firing.keys() | firings.outputs.keys()):
         outs, expected, where = by_firing.get(firing, []), firings.outputs.get(firing), timer_name(firing)
         if expected is None:
