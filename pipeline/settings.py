@@ -48,6 +48,7 @@ PER_PARTITION = "per_partition"  # a transactional producer per input partition,
 PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the consumer group's generation
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
+SPARK_KAFKA_ENV_PREFIX = "PIPELINE_SPARK_KAFKA_"  # the compaction job's Java client properties (snapshots/options.py)
 SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
 
 
@@ -89,6 +90,8 @@ class Settings:
     max_poll_interval_ms: int = 300_000
     transaction_timeout_ms: int = 10_000
     request_timeout_ms: int = 10_000  # bound on every blocking Kafka call (commit, end offsets, metadata)
+    connect_timeout_ms: int = 10_000  # at start-up, every command: no broker answered by then is one clear error
+    kafka_log_interval_ms: int = 10_000  # the same librdkafka log line at most once per this (0: every line)
     restore_step_ms: int = 200  # longest restore work between two polls of the main consumer
     restore_timeout_ms: int = 600_000  # give up restoring a partition after this long
     processing_max_attempts: int = 3
@@ -185,10 +188,12 @@ def validate(s: Settings) -> None:
         "session_timeout_ms",
         "transaction_timeout_ms",
         "request_timeout_ms",
+        "connect_timeout_ms",
         "restore_step_ms",
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.kafka_log_interval_ms >= 0, f"KAFKA_LOG_INTERVAL_MS must not be negative, not {s.kafka_log_interval_ms}")
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
@@ -281,7 +286,11 @@ def _from_env(cls: type[Settings], env: Mapping[str, str]) -> tuple[dict[str, An
     for key, raw in env.items():
         if key.startswith(KAFKA_ENV_PREFIX):
             kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
-        elif key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG_FILE":
+        elif (
+            key.startswith(ENV_PREFIX)
+            and key != ENV_PREFIX + "CONFIG_FILE"
+            and not key.startswith(SPARK_KAFKA_ENV_PREFIX)
+        ):
             name = key[len(ENV_PREFIX) :].lower()
             if name in known:
                 values[name] = _coerce(name, known[name], raw)
