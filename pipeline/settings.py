@@ -5,7 +5,8 @@ be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PI
 `[kafka]` table in the config file; it applies to every client the runner creates. Secrets (Kafka properties whose
 name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings: repr() shows `'***'`, so printing or
 logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows them, while the clients get
-the real value.
+the real value. json.dumps and str() do write the real value: what is serialised for a log or a report is
+`settings.redacted()`.
 
 A service with settings of its own extends the type; its fields are read from the same file and environment, with
 the same checks and error messages (fields of type str, int or bool):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -49,7 +51,13 @@ PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the 
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
 SPARK_KAFKA_ENV_PREFIX = "PIPELINE_SPARK_KAFKA_"  # the compaction job's Java client properties (snapshots/options.py)
-SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
+# Kafka properties whose values are secrets (also a schema registry's basic.auth.user.info, user:password).
+SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer", "user.info", "credentials")
+REDACTED = "***"
+_DSN_PASSWORDS = (  # a password inside a libpq DSN: URI user:password@, or password=... (quoted or not)
+    re.compile(r"(?<=://)([^:/@]*):[^@/]*@"),
+    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
+)
 
 
 class Secret(str):
@@ -60,6 +68,17 @@ class Secret(str):
 
     def __repr__(self) -> str:
         return "'***'"
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password (URI or key=value form)."""
+    uri, keywords = _DSN_PASSWORDS
+    return keywords.sub(lambda m: m.group(1) + REDACTED, uri.sub(lambda m: f"{m.group(1)}:{REDACTED}@", str(dsn)))
+
+
+def secret_if_named(name: str, value: str) -> str:
+    """A Secret if the property's name says it holds one (SECRET_WORDS)."""
+    return _secret(value) if any(w in name.lower() for w in SECRET_WORDS) else value
 
 
 def _secret(value: str) -> str:
@@ -121,7 +140,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         # Frozen: the secrets are wrapped in place, once, whoever built the settings (load, a test, a benchmark).
-        kafka = {k: _secret(v) if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in self.kafka.items()}
+        kafka = {k: secret_if_named(k, v) for k, v in self.kafka.items()}
         object.__setattr__(self, "kafka", kafka)
         object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
         validate(self)
@@ -153,7 +172,14 @@ class Settings:
         return self.processing_guarantee == EXACTLY_ONCE
 
     def redacted_kafka(self) -> dict[str, str]:
-        return {k: ("***" if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+        return {k: (REDACTED if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+
+    def redacted(self) -> dict[str, Any]:
+        """Every setting, JSON-ready, for logs and reports: no secret (json.dumps(asdict(settings)) writes them all,
+        as str() does: a Secret is still the real string to everything but repr). The DSN keeps user, host and
+        database, without its password."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return values | {"kafka": self.redacted_kafka(), "postgres_dsn": redact_dsn(self.postgres_dsn)}
 
 
 def require(condition: bool, message: str) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.settings import SPARK_KAFKA_ENV_PREFIX, ConfigError
+from pipeline.settings import SPARK_KAFKA_ENV_PREFIX, ConfigError, secret_if_named
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, snapshot_topic
 
@@ -54,7 +54,7 @@ def spark_kafka_properties(env: Mapping[str, str], config_file: str | None) -> d
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(f"--spark-kafka-config {path}: readable by others (mode {mode & 0o777:o}); chmod 600 it")
         properties |= read_properties(path, "--spark-kafka-config")
-    return properties
+    return {key: secret_if_named(key, value) for key, value in properties.items()}
 
 
 class CompactionError(RuntimeError):
