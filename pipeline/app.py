@@ -74,6 +74,33 @@ class Output(NamedTuple):
     headers: Sequence[tuple[str, bytes]] = ()
 
 
+class CodeError(Exception):
+    """A mistake in the App's code that fails every record (or timer) the same way: `process` returning None, a
+    timer scheduled by an App without `on_timer`. Never retried or dead-lettered: the partition stops at once, with
+    an ERROR naming the function, where, and the fix (docs/guarantees.md: fail-fast)."""
+
+    def __init__(self, function: str, problem: str, fix: str) -> None:
+        super().__init__(f"{function} {problem}")
+        self.function, self.problem, self.fix = function, problem, fix
+
+
+OUTPUTS_FIX = "return a list of Output (or yield them), [] for none; Output(value=..., key=...) by name"
+
+
+def checked_outputs(function: str, result: Any) -> list[Output]:
+    """What `process` or `on_timer` returned, as a list of Outputs; CodeError for anything else. Errors raised by a
+    generator's own body pass through: they are the record's failure, not a wrong return type."""
+    if result is None or isinstance(result, (Output, str, bytes, Mapping)) or not isinstance(result, Iterable):
+        what = "a single Output" if isinstance(result, Output) else repr(result)[:80]
+        raise CodeError(function, f"returned {what}, not an iterable of Outputs", OUTPUTS_FIX)
+    outputs = list(result)
+    for output in outputs:
+        if not isinstance(output, Output):
+            got = f"{type(output).__name__} {output!r:.80}"
+            raise CodeError(function, f"returned a {got} among its outputs, not an Output", OUTPUTS_FIX)
+    return outputs
+
+
 class _DeadLetters:
     """The topic of an output that dead-letters a record held earlier (`dead_letter`)."""
 
@@ -166,7 +193,11 @@ class App:
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
 
     def __post_init__(self) -> None:
+        from pipeline.app_checks import check_app, check_topics  # which imports this module
+
+        check_app(self)
         self._normalise_inputs()
+        check_topics(self)
         if self.state_ttl_clock not in CLOCKS:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
@@ -188,7 +219,7 @@ class App:
         their first topic; tables become Tables. `inputs` itself stays as given, so that replace(app, input_topic=...)
         renames the input of a one-input App."""
         if self.process is _missing_process:
-            raise ValueError(f"App {self.name!r}: process is missing")
+            raise ValueError(f"App {self.name!r}: process is missing: App(name, input_topic, output_topic, process)")
         given = self.inputs or ((self.input_topic,) if self.input_topic else ())
         streams = tuple(Stream(s, self.key_serde, self.value_serde) if isinstance(s, str) else s for s in given)
         if not streams:

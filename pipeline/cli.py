@@ -149,7 +149,9 @@ def _run(args: argparse.Namespace) -> int:
 
         check_app(app, settings)  # once here, before any worker starts: what the App cannot do with these settings
         check_connection(settings)  # then whether the cluster answers
-        return supervise(args.app, settings, args.workers, args.log_level, stop_requested)
+        return supervise(
+            args.app, settings, args.workers, args.log_level, stop_requested, group=settings.app_id or app.name
+        )
     return run_service(app, settings, stop_requested)
 
 

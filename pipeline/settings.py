@@ -116,11 +116,21 @@ class Settings:
     processing_max_attempts: int = 3
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
+    # The dead-letter storm guard (docs/guarantees.md: fail-fast): this many records in a row failing with the same
+    # error type stop the partition (the last of them is not dead-lettered); 0: off.
+    dead_letter_storm: int = 100
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
     # Several inputs (docs/inputs.md): how long a task waits for an empty input before it takes the others' records
     # alone, out of timestamp order with what that input may bring later; not at all for an input that is caught up
     # (nothing on the broker it has not fetched). -1: never wait.
     max_task_idle_ms: int = 100
+    # Fast failure detection (pipeline/kafka/liveness.py): a peer silent this long is fenced and removed from the group
+    # at once, instead of after SESSION_TIMEOUT_MS (and TRANSACTION_TIMEOUT_MS for its open transaction). 0: off.
+    failure_detection_ms: int = 0
+    # /live answers 503 when the poll loop has not turned for this long. A healthy turn can block for a take-over's
+    # fence (3 x REQUEST_TIMEOUT_MS) and its committed offsets (up to TRANSACTION_TIMEOUT_MS + REQUEST_TIMEOUT_MS).
+    # 0: that longest healthy turn + 10 s (50 s + 10 s with the defaults).
+    live_timeout_ms: int = 0
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
     # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
     # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
@@ -220,6 +230,8 @@ def validate(s: Settings) -> None:
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
     require(s.kafka_log_interval_ms >= 0, f"KAFKA_LOG_INTERVAL_MS must not be negative, not {s.kafka_log_interval_ms}")
+    require(s.dead_letter_storm >= 0, f"DEAD_LETTER_STORM must be 0 (off) or more, not {s.dead_letter_storm}")
+    _validate_failover(s)
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
@@ -245,6 +257,32 @@ def validate(s: Settings) -> None:
         s.transaction_timeout_ms <= 900_000,
         f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",
     )
+
+
+def _validate_failover(s: Settings) -> None:
+    """FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22)."""
+    require(
+        s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
+        f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "
+        f"({s.session_timeout_ms}): shorter, a scheduling hiccup removes healthy members; longer, the session "
+        "time-out comes first",
+    )
+    require(
+        s.live_timeout_ms == 0 or s.live_timeout_ms > longest_turn_ms(s),
+        f"LIVE_TIMEOUT_MS={s.live_timeout_ms} must exceed TRANSACTION_TIMEOUT_MS + 4 x REQUEST_TIMEOUT_MS "
+        f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
+        "process",
+    )
+
+
+def longest_turn_ms(s: Settings) -> int:
+    """The longest a healthy turn of the poll loop blocks (a take-over's fence, then its committed offsets)."""
+    return s.transaction_timeout_ms + 4 * s.request_timeout_ms
+
+
+def live_timeout_ms(s: Settings) -> int:
+    """LIVE_TIMEOUT_MS, or when 0 the longest healthy turn + 10 s."""
+    return s.live_timeout_ms or longest_turn_ms(s) + 10_000
 
 
 def _validate_postgres(s: Settings) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from pipeline.retry import Backoff, retry
+
 
 class EndOffsetsTimeout(TimeoutError):
     pass
@@ -44,23 +46,28 @@ def watermarks(
     elected, a just-created topic) are retried until timeout_s; then EndOffsetsTimeout says why."""
     request = {TopicPartition(topic, p): spec or OffsetSpec.latest() for p in partitions}
     deadline = time.monotonic() + timeout_s
-    while True:
+
+    def ask() -> dict[int, int]:
         remaining = max(0.1, deadline - time.monotonic())
-        try:
-            futures = admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=remaining
-            )
-            return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
-        except KafkaException as e:
-            if _transient(e.args[0]) and time.monotonic() + 0.1 < deadline:
-                if e.args[0].code() in _LEADERSHIP_CHANGES:
-                    with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
-                        admin.list_topics(topic, timeout=remaining)
-                time.sleep(0.1)
-                continue
-            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
-        except TimeoutError as e:
-            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=remaining
+        )
+        return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
+
+    def refresh_leaders(error: Exception, failures: int, delay: float | None) -> None:
+        if delay is not None and isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_CHANGES:
+            with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
+                admin.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+
+    transient = lambda e: isinstance(e, KafkaException) and _transient(e.args[0])  # noqa: E731
+    try:
+        return retry(
+            ask, retriable=transient, backoff=Backoff(0.1, 1.0), within_s=timeout_s, on_failure=refresh_leaders
+        )
+    except KafkaException as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
+    except TimeoutError as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
 
 
 # Metadata that is stale while leaders move (a broker restarting): librdkafka does not flag all of them retriable.

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from pipeline.app import State
+from pipeline.app import CodeError, State
 from pipeline.serde import JSON, Serde
 
 _MISSING = object()
@@ -31,6 +31,11 @@ class PartitionState(State):
         self._before_txn: dict[str, Any] = {}
         self._before_record: dict[str, Any] = {}
         self._first_touched_in_record: list[str] = []
+
+    @property
+    def timers(self) -> Any:
+        """An App without timers has none: scheduling one is a mistake that would fail every record."""
+        raise CodeError("process", "uses state.timers, but the App has no on_timer", "give the App on_timer=...")
 
     # -- the mapping the user sees ------------------------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:

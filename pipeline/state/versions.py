@@ -69,4 +69,10 @@ def current_value(stored: bytes, current: int, serde: Serde, migrate: Migrate | 
         raise StateVersionError(
             f"state key {key!r} was written at state version {version}; the App is at {current} but has no migrate"
         )
-    return serde.serialize(migrate(version, serde.deserialize(payload)))
+    value = migrate(version, serde.deserialize(payload))
+    if value is None:
+        raise StateVersionError(
+            f"migrate({version}, value of state key {key!r}) returned None: return the value as state version "
+            f"{current} reads it (a state value cannot be None)"
+        )
+    return serde.serialize(value)

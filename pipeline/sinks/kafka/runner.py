@@ -41,6 +41,7 @@ from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLo
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.kafka.liveness import Liveness
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka import takeover
 from pipeline.sinks.kafka.inputs import MultiInputTask
@@ -181,6 +182,7 @@ class KafkaRunner(TakeOver, PollLoop):
         self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction
         self._process_txn_id = process_transactional_id(self.app_id, self.input_topic, settings.group_instance_id)
         self._commit_pool = ThreadPoolExecutor(4, thread_name_prefix="commit")
+        self.liveness: Liveness | None = None  # FAILURE_DETECTION_MS: the heartbeat thread
 
     @property
     def ctx(self) -> KafkaTaskContext:
@@ -261,6 +263,7 @@ class KafkaRunner(TakeOver, PollLoop):
         )
         if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
             takeover.fence([self._process_transaction()], self.settings)
+        self.liveness = takeover.start_liveness(self.settings, self.app_id, self.input, self._process_txn_id)
 
     def run(self) -> None:
         s = self.settings
@@ -285,6 +288,8 @@ class KafkaRunner(TakeOver, PollLoop):
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
             self.input.close()
+        if self.liveness is not None:  # after leaving: its last heartbeat says it stopped cleanly
+            self.liveness.stop()
         if self.global_tables is not None:
             self.global_tables.close()
         self._commit_pool.shutdown()

@@ -17,11 +17,12 @@ runtime's firing code:
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pipeline.app import App, Output
-from pipeline.core.provenance import TimerSource, decode_timer
+from pipeline.core.deadletter import PREFIX as DEAD_LETTER_PREFIX
+from pipeline.core.provenance import TIMER_HEADER, TimerSource, decode_timer
 from pipeline.state.store import PartitionState
 from pipeline.state.timed import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 from pipeline.state.versions import VERSION_KEY, StateVersionError, current_value, tag
@@ -29,6 +30,7 @@ from pipeline.testing.oracle.records import KafkaRecord
 from pipeline.testing.oracle.verdict import Findings, Verdict
 
 Encode = Callable[[Output], object]  # Output -> ExpectedOutput
+DEAD_LETTER_TIMER = DEAD_LETTER_PREFIX + "timer"  # a timer's dead letter names its firing here
 
 
 def new_state(app: App) -> PartitionState:
@@ -88,7 +90,7 @@ class Firings:
                 )
             except Exception as e:
                 state.undo_record()
-                state.remove(due)  # the runtime would stop the partition here; the reference goes on without it
+                state.remove(due)  # the runtime dead-letters it (or stops, ON_POISON=stop): removed, changes undone
                 self.failures[firing] = f"on_timer: {type(e).__name__}: {e}"
         state.commit()
 
@@ -107,14 +109,27 @@ def timer_outputs(outputs: Iterable[KafkaRecord], content: Findings) -> dict[Tim
     return dict(grouped)
 
 
+def timer_dead_letters(records: Iterable[KafkaRecord]) -> list[TimerSource]:
+    """The firings the run dead-lettered (their on_timer kept failing), one entry per dead letter."""
+    letters = []
+    for record in records:
+        fields = dict(record.headers)
+        if (timer := fields.get(DEAD_LETTER_TIMER)) is not None:
+            letters.append(decode_timer([(TIMER_HEADER, timer)]))
+    return [letter for letter in letters if letter is not None]
+
+
 def check_timers(
     by_firing: Mapping[TimerSource, list[KafkaRecord]],
     firings: Firings,
     verdict: Verdict,
     mismatch: Callable[[KafkaRecord, object], str],
+    dead: Sequence[TimerSource] = (),
 ) -> set[tuple[int, int]]:
     """Each firing's outputs against the reference's, into the verdict's categories; returns the positions of outputs
-    beyond the reference's count (duplicates), which the order check skips."""
+    beyond the reference's count (duplicates), which the order check skips. `dead`: the firings the run dead-lettered,
+    each of which must be one whose on_timer fails in the reference too, once."""
+    _check_timer_dead_letters(dead, firings, verdict)
     extras = set()
     for firing in sorted(by_firing.keys() | firings.outputs.keys()):
         outs, expected, where = by_firing.get(firing, []), firings.outputs.get(firing), timer_name(firing)
@@ -133,9 +148,17 @@ def check_timers(
     for firing, why in firings.unplaceable:
         verdict.duplicates.add(timer_name(firing), why)
     for firing, why in firings.failures.items():
-        if firing not in by_firing:
-            verdict.losses.add(timer_name(firing), f"{why} offline: the run should have stopped there")
+        if firing not in by_firing and firing not in dead:
+            verdict.losses.add(timer_name(firing), f"{why} offline, no dead letter: the run should have stopped there")
     return extras
+
+
+def _check_timer_dead_letters(dead: Sequence[TimerSource], firings: Firings, verdict: Verdict) -> None:
+    for firing, count in Counter(dead).items():
+        if firing not in firings.failures:
+            verdict.content.add(timer_name(firing), "dead-lettered, though its on_timer succeeds in the reference")
+        elif count > 1:
+            verdict.duplicates.add(timer_name(firing), f"dead-lettered {count} times")
 
 
 def comparable(app: App, entries: dict[str, bytes]) -> dict[str, bytes]:
