@@ -172,7 +172,8 @@ def _topic_spec(text: str) -> tuple[str, int]:
 def _topics(args: argparse.Namespace) -> int:
     """Creates each topic; one that exists already is fine. 1 if any could not be created, each named."""
     from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     from pipeline.kafka.clients import client_config
     from pipeline.kafka.connect import connect_check

@@ -107,8 +107,10 @@ def run_command(name: str, command: Callable[[argparse.Namespace], int], args: a
 
 def kafka_text(e: BaseException) -> str:
     """A KafkaException's error as text (its str() is the KafkaError's repr)."""
+    from confluent_kafka import KafkaError
+
     error = e.args[0] if e.args else None
-    return error.str() if hasattr(error, "str") else str(e)
+    return error.str() if isinstance(error, KafkaError) else str(e)
 
 
 def _fail(line: str, code: int) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -43,7 +44,8 @@ def connect_check(settings: Settings, timeout_s: float | None = None) -> None:
     errors: list[KafkaError] = []
     quiet = librdkafka_log(settings.kafka_log_interval_ms, demote_to=logging.DEBUG)
     try:
-        admin = AdminClient({**client_config(settings), "error_cb": errors.append, "logger": quiet})
+        config: dict[str, Any] = {**client_config(settings), "error_cb": errors.append, "logger": quiet}
+        admin = AdminClient(config)
     except KafkaException as e:
         raise ConnectionRefused(config_problem(e.args[0])) from None
     future = admin.describe_cluster(request_timeout=timeout_s)
