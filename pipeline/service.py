@@ -24,6 +24,18 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
+def check_app(app: App, settings: Settings) -> None:
+    """What the App cannot do with these settings (a topic setting that does not fit it, a sink that cannot run it):
+    ConfigError before any broker is asked, so that the first error is the one to fix."""
+    from pipeline.core.configure import configured
+
+    configured(app, settings)
+    if settings.sink == "postgres":
+        from pipeline.sinks.postgres.runner import refuse_unfit
+
+        refuse_unfit(app, settings)
+
+
 def check_connection(settings: Settings) -> None:
     """Bad credentials or an untrusted certificate: librdkafka would retry for ever; ConfigError names the setting."""
     from pipeline.kafka.connect import connect_check
@@ -47,6 +59,7 @@ def run_service(app: App, settings: Settings, stop_requested: threading.Event) -
     """Runs `app` until stopped; 0 on a clean stop, PARTITIONS_STOPPED_EXIT once every partition it owned stopped. A
     stop requested before the runner starts (SIGTERM during the start-up) ends it at once: nothing is owned yet, so
     there is nothing to commit."""
+    check_app(app, settings)
     check_connection(settings)
     runner = runner_for(app, settings)
     runner.install_signal_handlers()

@@ -5,7 +5,8 @@ be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PI
 `[kafka]` table in the config file; it applies to every client the runner creates. Secrets (Kafka properties whose
 name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings: repr() shows `'***'`, so printing or
 logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows them, while the clients get
-the real value.
+the real value. json.dumps and str() do write the real value: what is serialised for a log or a report is
+`settings.redacted()`.
 
 A service with settings of its own extends the type; its fields are read from the same file and environment, with
 the same checks and error messages (fields of type str, int or bool):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -48,7 +50,14 @@ PER_PARTITION = "per_partition"  # a transactional producer per input partition,
 PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the consumer group's generation
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
-SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
+SPARK_KAFKA_ENV_PREFIX = "PIPELINE_SPARK_KAFKA_"  # the compaction job's Java client properties (snapshots/options.py)
+# Kafka properties whose values are secrets (also a schema registry's basic.auth.user.info, user:password).
+SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer", "user.info", "credentials")
+REDACTED = "***"
+_DSN_PASSWORDS = (  # a password inside a libpq DSN: URI user:password@, or password=... (quoted or not)
+    re.compile(r"(?<=://)([^:/@]*):[^@/]*@"),
+    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
+)
 
 
 class Secret(str):
@@ -59,6 +68,17 @@ class Secret(str):
 
     def __repr__(self) -> str:
         return "'***'"
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password (URI or key=value form)."""
+    uri, keywords = _DSN_PASSWORDS
+    return keywords.sub(lambda m: m.group(1) + REDACTED, uri.sub(lambda m: f"{m.group(1)}:{REDACTED}@", str(dsn)))
+
+
+def secret_if_named(name: str, value: str) -> str:
+    """A Secret if the property's name says it holds one (SECRET_WORDS)."""
+    return _secret(value) if any(w in name.lower() for w in SECRET_WORDS) else value
 
 
 def _secret(value: str) -> str:
@@ -89,6 +109,8 @@ class Settings:
     max_poll_interval_ms: int = 300_000
     transaction_timeout_ms: int = 10_000
     request_timeout_ms: int = 10_000  # bound on every blocking Kafka call (commit, end offsets, metadata)
+    connect_timeout_ms: int = 10_000  # at start-up, every command: no broker answered by then is one clear error
+    kafka_log_interval_ms: int = 10_000  # the same librdkafka log line at most once per this (0: every line)
     restore_step_ms: int = 200  # longest restore work between two polls of the main consumer
     restore_timeout_ms: int = 600_000  # give up restoring a partition after this long
     processing_max_attempts: int = 3
@@ -128,7 +150,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         # Frozen: the secrets are wrapped in place, once, whoever built the settings (load, a test, a benchmark).
-        kafka = {k: _secret(v) if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in self.kafka.items()}
+        kafka = {k: secret_if_named(k, v) for k, v in self.kafka.items()}
         object.__setattr__(self, "kafka", kafka)
         object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
         validate(self)
@@ -160,7 +182,14 @@ class Settings:
         return self.processing_guarantee == EXACTLY_ONCE
 
     def redacted_kafka(self) -> dict[str, str]:
-        return {k: ("***" if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+        return {k: (REDACTED if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+
+    def redacted(self) -> dict[str, Any]:
+        """Every setting, JSON-ready, for logs and reports: no secret (json.dumps(asdict(settings)) writes them all,
+        as str() does: a Secret is still the real string to everything but repr). The DSN keeps user, host and
+        database, without its password."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return values | {"kafka": self.redacted_kafka(), "postgres_dsn": redact_dsn(self.postgres_dsn)}
 
 
 def require(condition: bool, message: str) -> None:
@@ -195,10 +224,12 @@ def validate(s: Settings) -> None:
         "session_timeout_ms",
         "transaction_timeout_ms",
         "request_timeout_ms",
+        "connect_timeout_ms",
         "restore_step_ms",
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.kafka_log_interval_ms >= 0, f"KAFKA_LOG_INTERVAL_MS must not be negative, not {s.kafka_log_interval_ms}")
     require(s.dead_letter_storm >= 0, f"DEAD_LETTER_STORM must be 0 (off) or more, not {s.dead_letter_storm}")
     _validate_failover(s)
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
@@ -319,7 +350,11 @@ def _from_env(cls: type[Settings], env: Mapping[str, str]) -> tuple[dict[str, An
     for key, raw in env.items():
         if key.startswith(KAFKA_ENV_PREFIX):
             kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
-        elif key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG_FILE":
+        elif (
+            key.startswith(ENV_PREFIX)
+            and key != ENV_PREFIX + "CONFIG_FILE"
+            and not key.startswith(SPARK_KAFKA_ENV_PREFIX)
+        ):
             name = key[len(ENV_PREFIX) :].lower()
             if name in known:
                 values[name] = _coerce(name, known[name], raw)

@@ -7,6 +7,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from pipeline.kafka.logs import librdkafka_log
 from pipeline.settings import CLASSIC, Settings
 
 
@@ -21,14 +22,21 @@ def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: by
 
 
 def client_config(settings: Settings) -> dict[str, Any]:
+    """Every client's: the brokers and the PIPELINE_KAFKA_* properties (admin clients use it as it is)."""
     return {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka}
+
+
+def polled_client_config(settings: Settings) -> dict[str, Any]:
+    """A client that is polled: its librdkafka log lines go through Python logging, rate-limited
+    (pipeline/kafka/logs.py)."""
+    return {**client_config(settings), "logger": librdkafka_log(settings.kafka_log_interval_ms)}
 
 
 def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """The input consumer: read_committed, offsets committed only by the protocol, incremental rebalancing."""
     s = settings
     config = {
-        **client_config(s),
+        **polled_client_config(s),
         "group.id": group_id,
         "group.protocol": s.group_protocol,
         "isolation.level": "read_committed",
@@ -64,7 +72,7 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
 def producer_config(settings: Settings, transactional_id: str | None) -> dict[str, Any]:
     """Idempotent; transactional when given a transactional.id."""
     config = {
-        **client_config(settings),
+        **polled_client_config(settings),
         "enable.idempotence": True,
         "acks": "all",
         # exactly_once: outputs become visible at the commit, which sends whatever lingers at once (commit 1-1.5 ms
@@ -85,7 +93,7 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict[st
 def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """Reads internal topics by assignment; never commits, never jumps over deleted records."""
     return {
-        **client_config(settings),
+        **polled_client_config(settings),
         "group.id": group_id,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,

@@ -145,6 +145,7 @@ def test_run_service_exits_non_zero_once_every_partition_stopped(monkeypatch: py
 
         def run(self) -> None: ...
 
+    monkeypatch.setattr(service, "check_app", lambda app, settings: None)
     monkeypatch.setattr(service, "check_connection", lambda settings: None)
     monkeypatch.setattr(service, "runner_for", lambda app, settings: Stopped())
     assert service.run_service(returning(None), None, threading.Event()) == service.PARTITIONS_STOPPED_EXIT  # type: ignore[arg-type]
