@@ -42,6 +42,7 @@ from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLo
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.kafka.liveness import Liveness
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka import takeover
 from pipeline.sinks.kafka.inputs import MultiInputTask
@@ -187,6 +188,7 @@ class KafkaRunner(TakeOver, PollLoop):
         # (the loop stalled 4.4 s of a 12 s drain; 2.7 s with 64). Threads start only as needed: one transaction
         # (per_process) commits on the loop's own thread.
         self._commit_pool = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="commit")
+        self.liveness: Liveness | None = None  # FAILURE_DETECTION_MS: the heartbeat thread
 
     @property
     def ctx(self) -> KafkaTaskContext:
@@ -269,6 +271,7 @@ class KafkaRunner(TakeOver, PollLoop):
         )
         if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
             takeover.fence([self._process_transaction()], self.settings)
+        self.liveness = takeover.start_liveness(self.settings, self.app_id, self.input, self._process_txn_id)
 
     def run(self) -> None:
         s = self.settings
@@ -293,6 +296,8 @@ class KafkaRunner(TakeOver, PollLoop):
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
             self.input.close()
+        if self.liveness is not None:  # after leaving: its last heartbeat says it stopped cleanly
+            self.liveness.stop()
         if self.global_tables is not None:
             self.global_tables.close()
         self._commit_pool.shutdown()

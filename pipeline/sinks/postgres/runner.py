@@ -88,22 +88,27 @@ def commit_batch(task: PostgresTask) -> None:
     task.batch_committed()
 
 
+def refuse_unfit(app: App, settings: Settings) -> None:
+    """ConfigError for an App this sink cannot run; `pipeline run` asks before it contacts any broker."""
+    if settings.sink != "postgres":
+        raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
+    if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
+        raise ConfigError(
+            f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
+            "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
+        )
+    if app.multi_input or app.global_tables:  # docs/inputs.md
+        raise ConfigError(
+            f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
+            "SINK=postgres cannot run this App"
+        )
+
+
 class PostgresRunner(PollLoop):
     commit_on_lost = True  # the epoch check, not the group membership, decides whether a batch may commit
 
     def __init__(self, app: App, settings: Settings) -> None:
-        if settings.sink != "postgres":
-            raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
-        if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
-            raise ConfigError(
-                f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
-                "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
-            )
-        if app.multi_input or app.global_tables:  # docs/inputs.md
-            raise ConfigError(
-                f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
-                "SINK=postgres cannot run this App"
-            )
+        refuse_unfit(app, settings)
         super().__init__(settings)
         self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name

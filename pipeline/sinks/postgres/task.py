@@ -42,7 +42,7 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
-from pipeline.app import App, Output
+from pipeline.app import App, Output, checked_outputs
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.processing import Attempts, record_from_message
 from pipeline.core.schedule import Schedule
@@ -216,7 +216,7 @@ class PostgresTask(Task):
                 self.open_batch()
             state.begin_record()
             try:
-                outputs = list(app.process(state, record_from_message(app, msg)))
+                outputs = checked_outputs("process", app.process(state, record_from_message(app, msg)))
             except Exception as error:  # decoding or user code: poison until proven otherwise
                 outputs = self._retry(msg, error)
             self.rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
@@ -231,8 +231,8 @@ class PostgresTask(Task):
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter becomes
         a row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
         app, state = self.app, self.state
-        outcome = self._attempts.retry(
-            state, msg, error, lambda: list(app.process(state, record_from_message(app, msg)))
+        outcome = self.retry_record(
+            msg, error, lambda: checked_outputs("process", app.process(state, record_from_message(app, msg)))
         )
         if isinstance(outcome, DeadLetter):
             self.dead_letters.append(outcome)
