@@ -9,7 +9,8 @@
 # BASE_IMAGE: any Debian bookworm-based image with python3 (3.11) and its venv module. The default comes from a
 # registry; without one, `make image` builds a base from Debian's packages (deploy/image/base.sh) and passes
 # --build-arg BASE_IMAGE=localhost/eos-pipeline-base:bookworm (podman). Nothing else is pulled: the JRE and Maven
-# come from the base's apt sources, Python packages from its pip index, the connector from Maven Central.
+# come from the base's apt sources, Python packages from its pip index (the versions and hashes of requirements/), the
+# connector from Maven Central.
 #
 # Settings come from PIPELINE_* environment variables (pipeline/settings.py); nothing is baked into the image.
 
@@ -58,12 +59,10 @@ RUN set -a && . ./versions.env && set +a \
  && rm -rf /root/.m2
 
 FROM jre AS compaction
-# The dependencies (pinned in pyproject.toml) in a layer of their own, installed with a stub of the package: a change
-# to the code or the README reinstalls only the package.
-COPY pyproject.toml /src/
-# hadolint ignore=DL3013
-RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
- && pip install "/src[spark]" && pip uninstall -q -y eos-pipeline
+# The dependencies in a layer of their own, the exact versions and hashes of the lock (`make lock`): a change to the
+# code or the README reinstalls only the package, which then resolves nothing (--no-deps).
+COPY requirements/compaction.txt /src/requirements.txt
+RUN pip install --require-hashes -r /src/requirements.txt
 COPY --from=spark-jars /opt/spark-kafka /opt/spark-kafka
 # snapshots/spark_session.py passes this to spark.jars, which accepts globs.
 ENV SPARK_KAFKA_JARS=/opt/spark-kafka/*.jar
@@ -75,10 +74,8 @@ WORKDIR /home/pipeline
 CMD ["snapshots", "--help"]
 
 FROM base AS runtime
-COPY pyproject.toml /src/
-# hadolint ignore=DL3013
-RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
- && pip install /src && pip uninstall -q -y eos-pipeline
+COPY requirements/service.txt /src/requirements.txt
+RUN pip install --require-hashes -r /src/requirements.txt
 COPY --from=source /src /src
 RUN pip install --no-deps /src && rm -rf /src
 USER 10001:10001
