@@ -7,8 +7,15 @@ project installs and tests. These tests keep the two in step without a network.
 
 from __future__ import annotations
 
+import email
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -99,3 +106,134 @@ def test_setup_ci_and_the_images_install_from_the_locks() -> None:
         assert locked or "--no-deps" in line, f"Dockerfile resolves versions of its own: {line}"
     copied = re.findall(r"COPY requirements/(\w+\.txt) ", (REPO / "Dockerfile").read_text())
     assert sorted(copied) == ["compaction.txt", "service.txt"]
+
+
+# --- what the wheel carries, and what the [test] extra needs ---------------------------------------------------------
+
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "pipeline", "snapshots")
+# What a service's test imports: the fixture, the driver, the App and the serdes.
+USER_TEST_IMPORTS = "pipeline.testing.pytest_plugin pipeline.testing.driver pipeline.app pipeline.serde"
+
+
+def venv_tool(name: str) -> Path:
+    """A tool of the dev lock, beside this interpreter (`make setup` installs it)."""
+    tool = Path(sys.executable).parent / name
+    if not tool.exists():
+        pytest.fail(f"{tool} missing: `make setup` installs requirements/dev.txt")
+    return tool
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel built from a copy of the sources (no build/ left in the tree), and the build's output."""
+    import setuptools
+
+    assert Version(setuptools.__version__) >= Version("77"), "`make setup` installs the dev lock's setuptools"
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SOURCES:
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
+        copy(REPO / name, src / name, **({"ignore": ignore} if (REPO / name).is_dir() else {}))
+    build = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)]
+    result = subprocess.run(build, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [built] = out.glob("eos_pipeline-*.whl")
+    return built, result.stdout + result.stderr
+
+
+def test_the_wheel_ships_py_typed_and_the_license_and_builds_without_warnings(wheel: tuple[Path, str]) -> None:
+    path, output = wheel
+    warnings = sorted(set(re.findall(r"\b[A-Z]\w*Warning\b.*", output)))
+    assert not warnings, f"the build warns (every user's install shows it): {warnings}"
+    with zipfile.ZipFile(path) as archive:
+        names = set(archive.namelist())
+        [metadata_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(archive.read(metadata_name))
+    assert {"pipeline/py.typed", "snapshots/py.typed"} <= names, "PEP 561: type checkers skip a package without it"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert metadata["License-Expression"] == PROJECT["license"] == "Apache-2.0"
+    assert not {n.split("/")[0] for n in names} & {"tests", "tools", "deploy"}
+
+
+def distribution_closure(requirements_: list[Requirement]) -> set[str]:
+    """Every distribution that installing `requirements_` brings, from the installed packages' metadata."""
+    todo = [(r, r.extras) for r in requirements_]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        requirement, extras = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if (name, frozenset(extras)) in seen:
+            continue
+        seen.add((name, frozenset(extras)))
+        for line in metadata.distribution(name).requires or []:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *extras}):
+                todo.append((sub, sub.extras))
+    return {name for name, _ in seen}
+
+
+def imported_distributions(code: str) -> set[str]:
+    """The distributions whose modules a fresh interpreter has loaded after `code` (start-up's own left out)."""
+    # Modules without a file (built-ins, Cython's cython_runtime) belong to no distribution.
+    show = "import sys; print(*{n.partition('.')[0] for n, m in sys.modules.items() if getattr(m, '__file__', 0)})"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = [sys.executable, "-c"]
+    baseline = set(subprocess.run([*run, show], capture_output=True, text=True, check=True, env=env).stdout.split())
+    after = subprocess.run([*run, f"{code}\n{show}"], capture_output=True, text=True, check=True, env=env, cwd=REPO)
+    by_module = metadata.packages_distributions()
+    own = {"pipeline"}
+    found = set()
+    for module in set(after.stdout.split()) - baseline - own - set(sys.stdlib_module_names):
+        assert module in by_module, f"{module} is imported but belongs to no installed distribution"
+        found.update(canonicalize_name(d) for d in by_module[module])
+    return found
+
+
+def test_the_driver_and_the_pytest_plugin_need_only_the_base_and_test_dependencies() -> None:
+    allowed = distribution_closure(requirements(("test",)))
+    used = imported_distributions(f"import {', '.join(USER_TEST_IMPORTS.split())}")
+    assert "pytest" in used  # the plugin is a pytest fixture: the import really happened
+    assert used <= allowed, f"imported outside eos-pipeline[test]: {sorted(used - allowed)}; declare them in `test`"
+
+
+def test_a_venv_with_only_the_test_extra_runs_a_service_test_with_the_plugin(
+    wheel: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A real install of the wheel with [test] (exact versions from the lock; uv's cache makes it seconds)."""
+    uv, venv = venv_tool("uv"), tmp_path / "venv"
+    subprocess.run([str(uv), "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=120)
+    install = [str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python")]
+    install += [f"eos-pipeline[test] @ {wheel[0].as_uri()}", "-c", str(REPO / "requirements" / "dev.txt")]
+    subprocess.run(install, check=True, timeout=600)
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["pipeline.testing.pytest_plugin"]\n')
+    (tmp_path / "test_service.py").write_text(SERVICE_TEST)
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    run = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_service.py"]
+    result = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+    installed = subprocess.run(
+        [str(uv), "pip", "freeze", "--python", str(venv / "bin" / "python")], capture_output=True, text=True, check=True
+    ).stdout
+    assert not re.search(r"^(pyspark|pyarrow|pandas|numpy)==", installed, re.M), installed
+
+
+SERVICE_TEST = """
+import pipeline
+from pipeline.app import App, Output
+
+
+def process(state, record):
+    state[record.key] = state.get(record.key, 0) + record.value["amount"]
+    return [Output(key=record.key, value={"sum": state[record.key]})]
+
+
+app = App(name="sums", input_topic="in", output_topic="out", process=process)
+
+
+def test_sums(pipeline_driver):
+    assert "site-packages" in pipeline.__file__  # the installed wheel, not a checkout
+    driver = pipeline_driver(app)
+    driver.send("a", {"amount": 2})
+    assert driver.send("a", {"amount": 3})[0].value == {"sum": 5}
+"""
