@@ -1,4 +1,4 @@
-# The two commands: `make demo` and `make test`. Both set up everything they need first.
+# A clone's two commands (README: "Clone it as a template"): `make demo` and `make test`; both set up what they need.
 .PHONY: setup lock demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
 
 PY := .venv/bin/python

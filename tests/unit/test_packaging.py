@@ -237,3 +237,19 @@ def test_sums(pipeline_driver):
     driver.send("a", {"amount": 2})
     assert driver.send("a", {"amount": 3})[0].value == {"sum": 5}
 """
+
+
+def test_the_readme_library_section_names_real_extras_the_plugin_and_working_commands() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert "## Clone it as a template" in readme
+    section = readme.partition("## Use it as a library")[2].partition("\n## ")[0]
+    assert section, "README: the 'Use it as a library' section"
+    extras = set(re.findall(r"eos-pipeline\[(\w+)\]", section))
+    assert extras == {"test", "spark"} and extras <= set(PROJECT["optional-dependencies"])
+    assert 'pytest_plugins = ["pipeline.testing.pytest_plugin"]' in section
+    assert (REPO / "pipeline" / "testing" / "pytest_plugin.py").is_file()
+    for module in re.findall(r"`python -m (\w+)`", section):
+        run = [sys.executable, "-m", module, "--help"]
+        result = subprocess.run(run, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+        assert result.returncode == 0, f"`python -m {module}` does not run: {result.stderr}"
+    assert set(re.findall(r"`(\w+)` \(`python -m", section)) <= set(PROJECT["scripts"])
