@@ -44,16 +44,18 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends default-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
 
-# Spark's Kafka connector, resolved from Maven Central with the project's own pom and pinned versions
-# (deploy/versions.env; the pom pins the dependency plugin). Debian's Maven: no Maven image to pull.
+# Spark's Kafka connector, resolved from Maven Central with the project's own pom, for the Spark version of the
+# pyspark the compaction lock installs (deploy/versions.env pins the rest; the pom pins the dependency plugin).
+# Debian's Maven: no Maven image to pull.
 FROM jre AS spark-jars
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends maven \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
-COPY deploy/versions.env deploy/local/spark/pom.xml ./
+COPY deploy/versions.env deploy/local/spark/pom.xml requirements/compaction.txt ./
 RUN set -a && . ./versions.env && set +a \
+ && SPARK_VERSION="$(sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' compaction.txt)" && test -n "$SPARK_VERSION" \
  && mvn -q -B -f pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/opt/spark-kafka \
       -Dspark.version="$SPARK_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" \
  && rm -rf /root/.m2
