@@ -9,7 +9,8 @@
 # BASE_IMAGE: any Debian bookworm-based image with python3 (3.11) and its venv module. The default comes from a
 # registry; without one, `make image` builds a base from Debian's packages (deploy/image/base.sh) and passes
 # --build-arg BASE_IMAGE=localhost/eos-pipeline-base:bookworm (podman). Nothing else is pulled: the JRE and Maven
-# come from the base's apt sources, Python packages from its pip index, the connector from Maven Central.
+# come from the base's apt sources, Python packages from its pip index (the versions and hashes of requirements/), the
+# connector from Maven Central.
 #
 # Settings come from PIPELINE_* environment variables (pipeline/settings.py); nothing is baked into the image.
 
@@ -43,27 +44,27 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends default-jre-headless procps \
  && rm -rf /var/lib/apt/lists/*
 
-# Spark's Kafka connector, resolved from Maven Central with the project's own pom and pinned versions
-# (deploy/versions.env; the pom pins the dependency plugin). Debian's Maven: no Maven image to pull.
+# Spark's Kafka connector, resolved from Maven Central with the project's own pom, for the Spark version of the
+# pyspark the compaction lock installs (deploy/versions.env pins the rest; the pom pins the dependency plugin).
+# Debian's Maven: no Maven image to pull.
 FROM jre AS spark-jars
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends maven \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
-COPY deploy/versions.env deploy/local/spark/pom.xml ./
+COPY deploy/versions.env deploy/local/spark/pom.xml requirements/compaction.txt ./
 RUN set -a && . ./versions.env && set +a \
+ && SPARK_VERSION="$(sed -n 's/^pyspark==\([^ ;]*\).*/\1/p' compaction.txt)" && test -n "$SPARK_VERSION" \
  && mvn -q -B -f pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=/opt/spark-kafka \
       -Dspark.version="$SPARK_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" \
  && rm -rf /root/.m2
 
 FROM jre AS compaction
-# The dependencies (pinned in pyproject.toml) in a layer of their own, installed with a stub of the package: a change
-# to the code or the README reinstalls only the package.
-COPY pyproject.toml /src/
-# hadolint ignore=DL3013
-RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
- && pip install "/src[spark]" && pip uninstall -q -y eos-pipeline
+# The dependencies in a layer of their own, the exact versions and hashes of the lock (`make lock`): a change to the
+# code or the README reinstalls only the package, which then resolves nothing (--no-deps).
+COPY requirements/compaction.txt /src/requirements.txt
+RUN pip install --require-hashes -r /src/requirements.txt
 COPY --from=spark-jars /opt/spark-kafka /opt/spark-kafka
 # snapshots/spark_session.py passes this to spark.jars, which accepts globs.
 ENV SPARK_KAFKA_JARS=/opt/spark-kafka/*.jar
@@ -75,10 +76,8 @@ WORKDIR /home/pipeline
 CMD ["snapshots", "--help"]
 
 FROM base AS runtime
-COPY pyproject.toml /src/
-# hadolint ignore=DL3013
-RUN mkdir /src/pipeline && touch /src/README.md /src/pipeline/__init__.py \
- && pip install /src && pip uninstall -q -y eos-pipeline
+COPY requirements/service.txt /src/requirements.txt
+RUN pip install --require-hashes -r /src/requirements.txt
 COPY --from=source /src /src
 RUN pip install --no-deps /src && rm -rf /src
 USER 10001:10001

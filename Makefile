@@ -1,11 +1,23 @@
-# The two commands: `make demo` and `make test`. Both set up everything they need first.
-.PHONY: setup demo test test-fast lint bench-partitions kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
+# A clone's two commands (README: "Clone it as a template"): `make demo` and `make test`; both set up what they need.
+.PHONY: setup lock demo test test-fast lint bench-partitions kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
 
 PY := .venv/bin/python
+UV := .venv/bin/uv
 PYTEST_ARGS ?=
 
 setup:
 	deploy/local/setup.sh
+
+# requirements/*.txt: the exact versions and hashes that setup (dev.txt), the service image (service.txt) and the
+# compaction image (compaction.txt) install, resolved by uv from pyproject.toml's ranges for every platform. Versions
+# already locked stay unless pyproject.toml excludes them; `make lock UPGRADE=1` moves all to the newest allowed. The
+# image locks are constrained by dev.txt: CI tests the very versions the images ship.
+LOCK_ARGS = --quiet --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
+	$(if $(UPGRADE),--upgrade)
+lock: setup
+	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra dev -o requirements/dev.txt
+	$(UV) pip compile $(LOCK_ARGS) pyproject.toml -c requirements/dev.txt -o requirements/service.txt
+	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra spark -c requirements/dev.txt -o requirements/compaction.txt
 
 demo: setup
 	deploy/local/kafka.sh start

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, Protocol
 
 import orjson
@@ -42,18 +44,58 @@ class StringSerde:
 
 
 class JsonSerde:
-    """JSON via orjson (fast, strict)."""
+    """JSON via orjson (fast, strict). `JsonSerde(decimal=True)` carries exact numbers such as money.
+
+    decimal=True: a `decimal.Decimal` is written as a JSON number digit for digit, never through a binary float
+    (Decimal("0.10") is sent as 0.10), and every JSON number with a fraction or an exponent is read back as a Decimal
+    (json's parse_float=Decimal; integers stay int, so write Decimal("5.00") rather than Decimal("5") to keep the
+    scale). Reading then goes through the standard library's json, which is slower than orjson (BENCHMARKS.md).
+    Without it a Decimal is refused with a TypeError naming the option: it would come back as a float.
+    """
+
+    def __init__(self, decimal: bool = False) -> None:
+        self.decimal = decimal
+        self._default = _decimal_as_number if decimal else _refuse_decimal
+
+    def __repr__(self) -> str:
+        return f"JsonSerde(decimal={self.decimal})"
 
     def serialize(self, obj: Any) -> bytes | None:
-        return None if obj is None else orjson.dumps(obj)
+        if obj is None:
+            return None
+        try:
+            return orjson.dumps(obj, default=self._default)
+        except orjson.JSONEncodeError as e:
+            # orjson's message hides the one raised by `default` (it is the cause): show the cause, which names the fix.
+            raise TypeError(str(e.__cause__ or e)) from e
 
     def deserialize(self, data: bytes | None) -> Any:
         if data is None:
             return None
         try:
+            if self.decimal:
+                return json.loads(data.decode(), parse_float=Decimal, parse_constant=_refuse_constant)
             return orjson.loads(data)
-        except orjson.JSONDecodeError as e:
+        except (ValueError, UnicodeDecodeError) as e:  # orjson's and json's JSONDecodeError are ValueErrors
             raise SerdeError(f"invalid JSON: {e}") from e
+
+
+def _decimal_as_number(value: Any) -> orjson.Fragment:
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise TypeError(f"Decimal {value} is no JSON number (NaN and infinities are not JSON)")
+        return orjson.Fragment(str(value))  # str() of a finite Decimal is a valid JSON number: 1.10, -0, 1E+3
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _refuse_decimal(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        raise TypeError("a Decimal: use JsonSerde(decimal=True), which keeps it exact (it would come back a float)")
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 BYTES = BytesSerde()

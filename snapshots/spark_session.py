@@ -1,21 +1,27 @@
 """A small local SparkSession with Spark's Kafka connector on its classpath.
 
-The connector's jars come from the environment variable SPARK_KAFKA_JARS (comma-separated paths) when it is set,
-otherwise from `deploy/local/spark.sh classpath`, which resolves them from Maven Central once and caches them.
+The connector's jars come from the environment variable SPARK_KAFKA_JARS (comma-separated paths or globs) when it is
+set, otherwise from `deploy/local/spark.sh classpath`, which resolves them from Maven Central once and caches them.
+Either way they must be built for the Spark version of the pyspark running (checked).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pyspark
 from pyspark.sql import SparkSession
 
 JARS_ENV = "SPARK_KAFKA_JARS"
 SPARK_SH = Path(__file__).resolve().parent.parent / "deploy" / "local" / "spark.sh"
 CLASSPATH_TIMEOUT_S = 600
+# spark-sql-kafka-0-10_2.13-4.2.0.jar, spark-token-provider-kafka-0-10_2.13-4.2.0.jar: the Spark version they are for.
+CONNECTOR_JAR = re.compile(r"^spark-(?:sql-kafka|token-provider-kafka)-0-10_[0-9.]+-(?P<version>[^/]+)\.jar$")
 
 LOCAL_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "2",
@@ -30,19 +36,41 @@ LOCAL_CONF: dict[str, str] = {
 
 
 def kafka_connector_jars() -> str:
-    """Comma-separated paths of the Kafka connector's jars, suitable for `spark.jars`."""
+    """Comma-separated paths of the Kafka connector's jars, suitable for `spark.jars`, checked against this pyspark."""
     from_env = os.environ.get(JARS_ENV, "").strip()
     if from_env:
-        return from_env
-    if not SPARK_SH.is_file():
+        jars = from_env
+    elif SPARK_SH.is_file():
+        jars = _run_spark_sh_classpath()
+    else:
         raise RuntimeError(f"{SPARK_SH} not found; set {JARS_ENV} to the Kafka connector's jars (comma-separated)")
-    return _run_spark_sh_classpath()
+    check_connector_version(jars, pyspark.__version__)
+    return jars
+
+
+def check_connector_version(jars: str, spark_version: str) -> None:
+    """The connector and its token provider are built against one Spark version; with another one the job fails late,
+    mid-read (NoSuchMethodError, or a missing class when it first needs a delegation token): refuse at start-up."""
+    for entry in filter(None, (jar.strip() for jar in jars.split(","))):
+        for path in sorted(glob.glob(entry)) or [entry]:  # spark.jars takes globs (the compaction image uses one)
+            match = CONNECTOR_JAR.match(os.path.basename(path))
+            if match and match["version"] != spark_version:
+                raise RuntimeError(
+                    f"{path} is built for Spark {match['version']}, but pyspark is {spark_version}: {JARS_ENV} must "
+                    f"name the connector jars of Spark {spark_version} (deploy/local/spark.sh classpath resolves them)"
+                )
 
 
 def _run_spark_sh_classpath() -> str:
     try:
+        # PYSPARK_VERSION: the connector for the pyspark of this interpreter, which need not be .venv's.
         result = subprocess.run(
-            [str(SPARK_SH), "classpath"], capture_output=True, text=True, check=True, timeout=CLASSPATH_TIMEOUT_S
+            [str(SPARK_SH), "classpath"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=CLASSPATH_TIMEOUT_S,
+            env={**os.environ, "PYSPARK_VERSION": pyspark.__version__},
         )
     except subprocess.CalledProcessError as exc:
         raise RuntimeError(f"{SPARK_SH} classpath failed:\n{exc.stderr.strip()}") from exc

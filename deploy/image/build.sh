@@ -24,7 +24,7 @@ inputs_digest() {
   {
     echo "$target $(podman image inspect --format '{{.Id}}' "$EOS_BASE_IMAGE" 2>/dev/null || echo "$EOS_BASE_IMAGE")"
     cd "$REPO_ROOT"
-    find Dockerfile .dockerignore pyproject.toml README.md pipeline snapshots deploy/versions.env \
+    find Dockerfile .dockerignore pyproject.toml README.md requirements pipeline snapshots deploy/versions.env \
       deploy/local/spark/pom.xml -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
   } | sha256sum | cut -c1-32
 }

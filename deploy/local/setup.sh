@@ -28,10 +28,13 @@ if [[ ! -x .venv/bin/python ]]; then
   info "creating .venv"
   "$PYTHON" -m venv .venv
 fi
-if [[ ! -f .venv/.installed ]] || [[ pyproject.toml -nt .venv/.installed ]]; then
-  info "installing Python packages (pyproject.toml)"
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+# The exact versions CI and the images test (requirements/, written by `make lock` from pyproject.toml's ranges),
+# checked against their hashes; then the project itself, editable, without resolving anything again.
+LOCK=requirements/dev.txt
+if [[ ! -f .venv/.installed ]] || [[ pyproject.toml -nt .venv/.installed ]] || [[ $LOCK -nt .venv/.installed ]]; then
+  info "installing Python packages ($LOCK)"
+  .venv/bin/pip install -q --require-hashes -r "$LOCK"
+  .venv/bin/pip install -q --no-deps -e .
   touch .venv/.installed
 fi
 

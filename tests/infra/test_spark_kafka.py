@@ -11,18 +11,11 @@ import pytest
 from confluent_kafka import IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from snapshots.spark_session import kafka_connector_jars
+
 pytestmark = pytest.mark.spark
 
-VERSIONS_ENV = Path(__file__).resolve().parents[2] / "deploy" / "versions.env"
 PARTITIONS = 2
-
-
-def pinned_version(name: str) -> str:
-    for line in VERSIONS_ENV.read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == name:
-            return value.strip()
-    raise AssertionError(f"{name} is not pinned in {VERSIONS_ENV}")
 
 
 def produce_transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:
@@ -71,8 +64,12 @@ def in_log_order(*transactions: list[bytes]) -> dict[int, list[bytes]]:
     return {p: [value for values in transactions for value in values[p::PARTITIONS]] for p in range(PARTITIONS)}
 
 
-def test_pyspark_is_the_pinned_spark_version():
-    assert pyspark.__version__ == pinned_version("SPARK_VERSION")
+def test_the_connector_and_its_token_provider_are_built_for_the_installed_pyspark():
+    names = {Path(jar).name for jar in kafka_connector_jars().split(",")}
+    spark = pyspark.__version__
+    assert f"spark-sql-kafka-0-10_2.13-{spark}.jar" in names, names
+    assert f"spark-token-provider-kafka-0-10_2.13-{spark}.jar" in names, names
+    assert not any(name.startswith("spark-") and spark not in name for name in names), names
 
 
 def test_spark_batch_read_committed_returns_exactly_the_committed_records(spark, kafka_bootstrap, new_topic):
