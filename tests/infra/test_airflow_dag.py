@@ -43,8 +43,9 @@ class DagRun:
     output: str
     states: dict[str, str]  # task_id -> final state
 
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.output.splitlines()[-lines:])
+    def explain(self, lines: int = 40) -> str:
+        tail = "\n".join(self.output.splitlines()[-lines:])
+        return f"tasks {self.states}, airflow exited {self.returncode}; its output ends:\n{tail}"
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +116,8 @@ def dag_run(airflow_venv: Path, kafka_bootstrap: str, tmp_path_factory: pytest.T
 def test_the_dag_compacts_the_changelog_into_a_snapshot_equal_to_its_fold(dag_run: DagRun) -> None:
     """Both tasks succeed, and each partition restores from the snapshot the run published alone (no changelog record
     read after it) to exactly the fold of the changelog: aborted changes left out, deletes applied, decimals exact."""
-    assert dag_run.states == {"compact": "success", "show": "success"}, dag_run.tail()
-    assert dag_run.returncode == 0, dag_run.tail()
+    assert dag_run.states == {"compact": "success", "show": "success"}, dag_run.explain()
+    assert dag_run.returncode == 0, dag_run.explain()
     log = dag_run.log
     states = {}
     for p in range(PARTITIONS):
@@ -132,6 +133,6 @@ def test_the_dag_compacts_the_changelog_into_a_snapshot_equal_to_its_fold(dag_ru
 def test_the_dag_file_imports_without_deprecation_warnings(dag_run: DagRun) -> None:
     """Airflow re-emits every warning raised while it imports a DAG file (deprecated import paths among them) with the
     file's name: none may name ours."""
-    assert dag_run.states, dag_run.tail()  # the DAG was parsed and run at all
+    assert dag_run.states, dag_run.explain()  # the DAG was parsed and run at all
     warned = [line for line in dag_run.output.splitlines() if "Warning" in line and str(DAG_FILE) in line]
     assert warned == []
