@@ -13,6 +13,10 @@ UV="${UV:-$REPO_ROOT/.venv/bin/uv}"
 venv() {
   local dir
   dir="$CACHE_DIR/airflow-$(sha256sum "$LOCK" | cut -c1-12)"
+  # One install at a time per machine: a second test session (or clone) waits and then reuses the first one's venv.
+  mkdir -p "$CACHE_DIR"
+  exec 9>"$CACHE_DIR/airflow.lock"
+  flock 9
   if [[ ! -f "$dir/.complete" ]]; then
     [[ -x "$UV" ]] || die "$UV not found: make setup installs uv (requirements/dev.txt), or set UV"
     info "installing Airflow into $dir (requirements/airflow.txt)"
