@@ -1,5 +1,5 @@
 # A clone's two commands (README: "Clone it as a template"): `make demo` and `make test`; both set up what they need.
-.PHONY: setup lock demo test test-fast lint kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
+.PHONY: setup lock demo test test-fast lint bench-partitions kafka-start kafka-stop cluster-start cluster-stop clean image servers-image
 
 PY := .venv/bin/python
 UV := .venv/bin/uv
@@ -25,10 +25,10 @@ demo: setup
 	deploy/local/kafka.sh start
 	$(PY) -m tools.demo
 
-# pytest, and beside it the fault suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh).
+# Lint first (seconds, so a wrong type or format fails before the long run), then pytest, and beside it the fault
+# suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh).
 test: setup
-	.venv/bin/ruff check .
-	.venv/bin/lint-imports
+	$(MAKE) --no-print-directory lint
 	tests/run.sh $(PYTEST_ARGS)
 
 # The tests that need no server (every one not marked kafka, tests/plugins/servers.py): seconds, nothing started,
@@ -36,10 +36,18 @@ test: setup
 test-fast:
 	.venv/bin/pytest -m "not kafka" $(PYTEST_ARGS)
 
+# ruff, the import layers, the format, and mypy ([tool.mypy] in pyproject.toml: strict for pipeline/ and snapshots/).
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+
+# Issue 23's measurement: a 600,000-record backlog drained at 3, 48 and 384 partitions, both PRODUCERS modes, medians of
+# interleaved rounds, and the ratio to the 3-partition drain (BENCHMARKS.md, "Backlog drain"). BENCH_ARGS: more options
+# (--sink postgres --dsn ..., --repeat 3, --partitions 3,384). Needs a broker (make kafka-start).
+bench-partitions: setup
+	.venv/bin/pipeline bench partitions $(BENCH_ARGS)
 
 # The service and compaction images with podman (installed and configured by deploy/image/engine.sh when missing),
 # on a Debian base built here: no image registry needed. deploy/image/fresh.sh runs `make demo` in a fresh container.

@@ -19,11 +19,29 @@ a record came from. `tables={"name": Table(...)}` are compacted topics co-partit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from pipeline.serde import JSON, STRING, Serde
+
+
+class StateTimers(Protocol):
+    """`state.timers` of an App with `on_timer` or `state_ttl_ms` (pipeline/state/timed.py implements it)."""
+
+    def schedule(self, key: str, at_ms: int, payload: Any = None, clock: str = "stream") -> None: ...
+
+    def cancel(self, key: str, clock: str = "stream") -> bool: ...
+
+    def get(self, key: str, clock: str = "stream") -> Timer | None: ...
+
+    def __iter__(self) -> Iterator[Timer]: ...  # every pending timer, in firing order per clock
+
+    @property
+    def stream_time_ms(self) -> int | None: ...
+
+    @property
+    def wall_time_ms(self) -> int: ...
 
 
 class State(MutableMapping[str, Any]):
@@ -31,6 +49,11 @@ class State(MutableMapping[str, Any]):
     and `tables`, the App's tables by name (`state.tables["accounts"].get(key)`: read-only, key -> latest value)."""
 
     tables: Mapping[str, Mapping[Any, Any]]
+
+    @property
+    def timers(self) -> StateTimers:
+        """This partition's timers: only in the state of an App with on_timer or state_ttl_ms (App.timed)."""
+        raise NotImplementedError
 
 
 class Record(NamedTuple):
@@ -72,6 +95,33 @@ class Output(NamedTuple):
     topic: str | None = None
     partition: int | None = None
     headers: Sequence[tuple[str, bytes]] = ()
+
+
+class CodeError(Exception):
+    """A mistake in the App's code that fails every record (or timer) the same way: `process` returning None, a
+    timer scheduled by an App without `on_timer`. Never retried or dead-lettered: the partition stops at once, with
+    an ERROR naming the function, where, and the fix (docs/guarantees.md: fail-fast)."""
+
+    def __init__(self, function: str, problem: str, fix: str) -> None:
+        super().__init__(f"{function} {problem}")
+        self.function, self.problem, self.fix = function, problem, fix
+
+
+OUTPUTS_FIX = "return a list of Output (or yield them), [] for none; Output(value=..., key=...) by name"
+
+
+def checked_outputs(function: str, result: Any) -> list[Output]:
+    """What `process` or `on_timer` returned, as a list of Outputs; CodeError for anything else. Errors raised by a
+    generator's own body pass through: they are the record's failure, not a wrong return type."""
+    if result is None or isinstance(result, (Output, str, bytes, Mapping)) or not isinstance(result, Iterable):
+        what = "a single Output" if isinstance(result, Output) else repr(result)[:80]
+        raise CodeError(function, f"returned {what}, not an iterable of Outputs", OUTPUTS_FIX)
+    outputs = list(result)
+    for output in outputs:
+        if not isinstance(output, Output):
+            got = f"{type(output).__name__} {output!r:.80}"
+            raise CodeError(function, f"returned a {got} among its outputs, not an Output", OUTPUTS_FIX)
+    return outputs
 
 
 class _DeadLetters:
@@ -164,9 +214,17 @@ class App:
     inputs: Sequence[Stream | str] = ()
     tables: Mapping[str, Table | str] = field(default_factory=dict)  # co-partitioned tables, by name
     global_tables: Mapping[str, Table | str] = field(default_factory=dict)  # tables every instance holds whole
+    # What __post_init__ makes of inputs and tables: Streams and Tables (`streams`, `table_specs`, ...).
+    _streams: tuple[Stream, ...] = field(init=False, repr=False, compare=False, default=())
+    _table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
+    _global_table_specs: Mapping[str, Table] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        from pipeline.app_checks import check_app, check_topics  # which imports this module
+
+        check_app(self)
         self._normalise_inputs()
+        check_topics(self)
         if self.state_ttl_clock not in CLOCKS:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
@@ -188,7 +246,7 @@ class App:
         their first topic; tables become Tables. `inputs` itself stays as given, so that replace(app, input_topic=...)
         renames the input of a one-input App."""
         if self.process is _missing_process:
-            raise ValueError(f"App {self.name!r}: process is missing")
+            raise ValueError(f"App {self.name!r}: process is missing: App(name, input_topic, output_topic, process)")
         given = self.inputs or ((self.input_topic,) if self.input_topic else ())
         streams = tuple(Stream(s, self.key_serde, self.value_serde) if isinstance(s, str) else s for s in given)
         if not streams:
@@ -209,11 +267,13 @@ class App:
         object.__setattr__(self, "input_topic", streams[0].topic)
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "global_tables", global_tables)
+        object.__setattr__(self, "_table_specs", tables)
+        object.__setattr__(self, "_global_table_specs", global_tables)
 
     @property
     def streams(self) -> tuple[Stream, ...]:
         """The input streams, the first one's partitions assigned by the group (the others' go with them)."""
-        return self._streams  # type: ignore[no-any-return,attr-defined]  # set by __post_init__
+        return self._streams
 
     @property
     def co_partitioned(self) -> tuple[str, ...]:
@@ -222,11 +282,11 @@ class App:
 
     @property
     def table_specs(self) -> Mapping[str, Table]:
-        return self.tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._table_specs
 
     @property
     def global_table_specs(self) -> Mapping[str, Table]:
-        return self.global_tables  # type: ignore[return-value]  # normalised to Tables by __post_init__
+        return self._global_table_specs
 
     @property
     def multi_input(self) -> bool:

@@ -1,4 +1,7 @@
-"""`pipeline run | verify | chaos | topics | acls` — the command line (also `python -m pipeline ...`)."""
+"""`pipeline run | verify | chaos | topics | acls | snapshots` — the command line (also `python -m pipeline ...`).
+
+Every command reads the same settings (defaults < --config < PIPELINE_* environment < options) and derives the same
+names as `pipeline run`; options go before or after the command's name (pipeline/commands.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipeline.loading import AppPathError, load_app
+from pipeline import commands as commands_module
+from pipeline.commands import CommandFailed, complete, kafka_text, names_of, run_command, settings_of
+from pipeline.loading import load_app
 from pipeline.service import configure_logging
-from pipeline.settings import ConfigError, Settings
+from pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from pipeline.kafka.acls import Acl
@@ -21,51 +26,45 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    chosen = next((word for word in argv if word in COMMANDS), "")
+    args = complete(_parser(chosen).parse_args(argv), "info" if chosen == "run" else "warning")
+    configure_logging(args.log_level)
+    return run_command(f"pipeline {args.command_name}", args.command, args)
+
+
+# `pipeline bench NAME ...`: a benchmark of the checkout this runs in (tools/bench is not installed with the package).
+BENCHES = {"partitions": "tools.bench.backlog"}  # issue 23: a backlog drained at 3, 48 and 384 partitions
+
+
+def _bench(argv: list[str]) -> int:
+    import importlib
+    from pathlib import Path
+
+    name = argv[0] if argv else ""
+    if name not in BENCHES:
+        print(f"pipeline bench: one of {', '.join(BENCHES)}; the others: `python -m tools.bench ...`", file=sys.stderr)
+        return 2
+    if not (Path.cwd() / "tools" / "bench").is_dir():
         print(
-            "benchmarks are not installed with the package: from a checkout, run `python -m tools.bench "
-            f"{' '.join(argv[1:])}`".rstrip()
-            + " (BENCHMARKS.md)",
+            f"pipeline bench {name}: run it from a checkout of the repository (its tools/bench is not installed with "
+            f"the package): `python -m {BENCHES[name]}` there does the same (BENCHMARKS.md)",
             file=sys.stderr,
         )
         return 2
-    try:
-        return _dispatch(argv)
-    except AppPathError as e:  # a wrong MODULE:ATTR is a typo, not a crash: one line, no traceback
-        command = next((word for word in argv if word in ("run", "verify", "chaos", "acls")), "")
-        print(f"pipeline {command}: {e}", file=sys.stderr)
-        return 2
+    sys.path.insert(0, str(Path.cwd()))  # the instances it starts import the checkout too (PYTHONPATH)
+    bench: Callable[[list[str]], int] = importlib.import_module(BENCHES[name]).main
+    return bench(argv[1:])
 
 
-def _dispatch(argv: list[str]) -> int:
-    # Commands with their own argument parsers. The compaction job (snapshots) is a separate package that depends on
-    # this one, so it is named here, never imported at the top.
-    delegated = {"verify": "pipeline.testing.checker", "chaos": "pipeline.testing.chaos", "snapshots": "snapshots.cli"}
-    if argv[:1] and argv[0] in delegated:
-        import importlib
+def _parser(chosen: str = "") -> argparse.ArgumentParser:
+    """`chosen`: the command named on the command line, whose module-defined options are needed."""
+    common = commands_module.common_options()
+    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__, parents=[common])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", dest="command_name")
 
-        configure_logging("WARNING")
-        command: Callable[[list[str]], int] = importlib.import_module(delegated[argv[0]]).main
-        return command(argv[1:])
-    args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
-    run: Callable[[argparse.Namespace], int] = args.command
-    try:
-        return run(args)
-    except ConfigError as e:
-        print(f"configuration error: {e}", file=sys.stderr)
-        return 2
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline", description=__doc__)
-    parser.add_argument("--log-level", default="info")
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
-    run = commands.add_parser("run", help="run a service: pipeline run MODULE:ATTR")
+    run = commands.add_parser("run", parents=[common], help="run a service: pipeline run MODULE:ATTR")
     run.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
-    run.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE)")
-    run.add_argument("--bootstrap-servers")
-    run.add_argument("--app-id")
     run.add_argument("--input-topic")
     run.add_argument("--output-topic")
     run.add_argument("--metrics-port", type=int)
@@ -79,30 +78,52 @@ def _parser() -> argparse.ArgumentParser:
         "process runs the service itself)",
     )
     run.set_defaults(command=_run)
-
-    commands.add_parser("verify", help="check a run for exactly-once: pipeline verify MODULE:ATTR --help")
-    commands.add_parser("chaos", help="fault runs against your service: pipeline chaos MODULE:ATTR --help")
-
-    topics = commands.add_parser("topics", help="create input/output topics: NAME:PARTITIONS ...")
+    _add_delegated(commands, common, chosen)
+    topics = commands.add_parser("topics", parents=[common], help="create input/output topics: NAME:PARTITIONS ...")
     topics.add_argument("action", choices=["create"])
-    topics.add_argument("topics", nargs="+", metavar="NAME:PARTITIONS")
-    topics.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    topics.add_argument("topics", nargs="+", type=_topic_spec, metavar="NAME:PARTITIONS")
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.set_defaults(command=_topics)
-
-    _add_acls_parser(commands)
+    _add_acls_parser(commands, common)
     return parser
 
 
-def _add_acls_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+COMMANDS = ("run", "verify", "chaos", "topics", "acls", "snapshots")
+DELEGATED = {
+    "verify": ("pipeline.testing.checker", "check a run for exactly-once: pipeline verify MODULE:ATTR"),
+    "chaos": ("pipeline.testing.chaos", "fault runs against your service: pipeline chaos MODULE:ATTR"),
+    "snapshots": ("snapshots.cli", "full snapshots of the state: snapshots compact (the Spark job) | show"),
+}
+
+
+def _add_delegated(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser, chosen: str
+) -> None:
+    """verify, chaos and snapshots: their options come from their modules, imported only when that command was
+    chosen (the checker loads psycopg, which a Kafka-sink service never does; the compaction job is a separate
+    package that depends on this one)."""
+    import importlib
+
+    for name, (module_name, summary) in DELEGATED.items():
+        command = commands.add_parser(
+            name, parents=[common], help=summary, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            command.description = module.__doc__
+            module.add_arguments(command, common)
+
+
+def _add_acls_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     acls = commands.add_parser(
         "acls",
+        parents=[common],
         help="the least-privilege ACLs of a service: print the kafka-acls.sh lines, or grant them (--apply)",
         description=_acls.__doc__,
     )
     acls.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
-    acls.add_argument("--config", help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`")
-    acls.add_argument("--app-id")
     acls.add_argument("--input-topic")
     acls.add_argument("--output-topic")
     acls.add_argument("--sink", choices=["kafka", "postgres"])
@@ -117,7 +138,6 @@ def _add_acls_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
         "--keep-history", action="store_true", help="the compaction job runs with --keep-history: no DELETE for it"
     )
     acls.add_argument("--apply", action="store_true", help="grant them with the admin client instead of printing")
-    acls.add_argument("--bootstrap-servers")
     acls.add_argument(
         "--command-config",
         metavar="FILE",
@@ -134,13 +154,10 @@ def _run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop_requested.set())
     app = load_app(args.app)  # first: a wrong MODULE:ATTR is reported before anything else is imported or read
 
-    from pipeline import settings as settings_module
-    from pipeline.service import check_connection, run_service
+    from pipeline.service import check_app, check_connection, run_service
 
-    settings = settings_module.load(
-        args.config,
-        bootstrap_servers=args.bootstrap_servers,
-        app_id=args.app_id,
+    settings = settings_of(
+        args,
         input_topic=args.input_topic,
         output_topic=args.output_topic,
         metrics_port=args.metrics_port,
@@ -149,8 +166,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.workers > 1:  # each worker runs the service with these settings (pipeline/supervisor.py)
         from pipeline.supervisor import supervise
 
-        check_connection(settings)  # once here, before any worker starts
-        return supervise(args.app, settings, args.workers, args.log_level, stop_requested)
+        check_app(app, settings)  # once here, before any worker starts: what the App cannot do with these settings
+        check_connection(settings)  # then whether the cluster answers
+        return supervise(
+            args.app, settings, args.workers, args.log_level, stop_requested, group=settings.app_id or app.name
+        )
     return run_service(app, settings, stop_requested)
 
 
@@ -160,21 +180,42 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _topic_spec(text: str) -> tuple[str, int]:
+    """NAME:PARTITIONS, or NAME for one partition."""
+    name, colon, count = text.partition(":")
+    if not name or (colon and not (count.isdigit() and int(count) > 0)):
+        raise argparse.ArgumentTypeError(f"NAME:PARTITIONS with a positive partition count, not {text!r}")
+    return name, int(count or 1)
+
+
 def _topics(args: argparse.Namespace) -> int:
+    """Creates each topic; one that exists already is fine. 1 if any could not be created, each named."""
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
-    admin = AdminClient({"bootstrap.servers": args.bootstrap_servers})
-    wanted = []
-    for spec in args.topics:
-        name, _, count = spec.partition(":")
-        wanted.append(NewTopic(name, int(count or 1), args.replication_factor))
-    for name, future in admin.create_topics(wanted).items():
+    from pipeline.kafka.clients import client_config
+    from pipeline.kafka.connect import connect_check
+
+    settings = settings_of(args)
+    connect_check(settings)  # an unreachable broker: one error within CONNECT_TIMEOUT_MS
+    admin = AdminClient(client_config(settings))
+    timeout_s = settings.request_timeout_ms / 1000
+    wanted = [NewTopic(name, count, args.replication_factor) for name, count in args.topics]
+    failed = []
+    for name, future in admin.create_topics(wanted, request_timeout=timeout_s).items():
         try:
-            future.result(30)
+            future.result(timeout_s + 1)
             print(f"created {name}")
-        except Exception as e:  # report each topic, keep going
-            print(f"{name}: {e}", file=sys.stderr)
+        except KafkaException as e:
+            if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                print(f"exists  {name}")
+                continue
+            failed.append(f"{name!r} ({kafka_text(e)})")
+        except TimeoutError:
+            failed.append(f"{name!r} (no answer within {timeout_s:.0f}s: REQUEST_TIMEOUT_MS)")
+    if failed:
+        raise CommandFailed(f"cannot create {', '.join(failed)}")
     return 0
 
 
@@ -184,29 +225,15 @@ def _acls(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from pipeline import settings as settings_module
+    from pipeline.core.configure import configured
     from pipeline.kafka import acls as definition
 
     app = load_app(args.app)
     # The database is never contacted here: a placeholder lets SINK=postgres settings load without a DSN.
     env = {"PIPELINE_POSTGRES_DSN": "not-used-by-acls", **os.environ}
-    settings = settings_module.load(
-        args.config,
-        env,
-        bootstrap_servers=args.bootstrap_servers,
-        app_id=args.app_id,
-        input_topic=args.input_topic,
-        output_topic=args.output_topic,
-        sink=args.sink,
-    )
-    names = definition.Names(
-        settings.app_id or app.name,
-        settings.input_topic or app.input_topic,
-        settings.output_topic or app.output_topic,
-        settings.changelog_topic,
-        settings.snapshot_topic,
-        settings.dead_letter_topic,
-    )
+    settings = settings_of(args, env, input_topic=args.input_topic, output_topic=args.output_topic, sink=args.sink)
+    app = configured(app, settings)
+    names = names_of(app, settings)
     grants = [
         (
             args.principal or f"User:{names.app_id}",
@@ -238,7 +265,7 @@ def _acls(args: argparse.Namespace) -> int:
 def _grant(admin_settings: Settings, grants: list[tuple[str, str, list[Acl]]]) -> int:
     """create_acls with the admin's settings; one line per binding granted or refused."""
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, ResourcePatternType  # type: ignore[attr-defined]  # not in its stubs' exports
+    from confluent_kafka.admin import AdminClient, ResourcePatternType
 
     from pipeline.kafka.acls import bindings
     from pipeline.kafka.clients import client_config

@@ -65,6 +65,12 @@ class Metrics:
             "pipeline_lost_partitions", "Partitions lost without a revoke (membership expired)", registry=r
         )
         self.dead_letters = Counter("pipeline_dead_letters", "Records written to the dead-letter topic", registry=r)
+        self.stopped = Gauge(
+            "pipeline_stopped_partitions",
+            "Owned partitions stopped (ON_POISON=stop, a mistake in the code, a dead-letter storm): need an operator",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )
@@ -169,10 +175,18 @@ class Exposition(Protocol):
 
 
 class HealthServer:
-    """Serves /metrics, /ready (200 when ready, else 503) and /live on a background thread."""
+    """Serves /metrics, /ready (200 when ready, else 503) and /live (200 while `is_live()`, else 503: the poll loop
+    stopped turning) on a background thread."""
 
-    def __init__(self, metrics: Exposition, is_ready: Callable[[], bool], port: int, host: str = "0.0.0.0") -> None:
-        handler = _handler(metrics, is_ready)
+    def __init__(
+        self,
+        metrics: Exposition,
+        is_ready: Callable[[], bool],
+        port: int,
+        host: str = "0.0.0.0",
+        is_live: Callable[[], bool] = lambda: True,
+    ) -> None:
+        handler = _handler(metrics, is_ready, is_live)
         self._server = ThreadingHTTPServer((host, port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
 
@@ -189,7 +203,9 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler(metrics: Exposition, is_ready: Callable[[], bool]) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    metrics: Exposition, is_ready: Callable[[], bool], is_live: Callable[[], bool]
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
@@ -198,7 +214,8 @@ def _handler(metrics: Exposition, is_ready: Callable[[], bool]) -> type[BaseHTTP
                 ready = is_ready()
                 self._reply(200 if ready else 503, b"ready\n" if ready else b"restoring\n")
             elif self.path == "/live":
-                self._reply(200, b"live\n")
+                live = is_live()
+                self._reply(200 if live else 503, b"live\n" if live else b"stuck: the poll loop stopped turning\n")
             else:
                 self._reply(404, b"not found\n")
 

@@ -2,7 +2,9 @@
 until it succeeds, a failure is final, the attempts run out, or the next attempt would start past the deadline).
 
 Loops that block retry with `retry`: a transactional producer call whose outcome is unknown, the fence, the committed
-offsets, a record or a timer that failed, a PostgreSQL connection. Retries spread over poll-loop turns (a partition
+offsets, a record or a timer that failed, end offsets, topic metadata and creation, the permission check, a PostgreSQL
+connection and its schema. Waiting is not retrying: a full producer queue (poll until it drains) and the supervisor
+watching its children are plain loops. Retries spread over poll-loop turns (a partition
 taken over again after a PostgreSQL failure, a supervised worker started again) keep a failure count and ask
 `Backoff.delay` when to try next.
 """

@@ -23,7 +23,7 @@ class Serde(Protocol):
 class BytesSerde:
     """Passes bytes through untouched (the copier uses it)."""
 
-    def serialize(self, obj: Any) -> bytes | None:
+    def serialize(self, obj: bytes | None) -> bytes | None:
         return obj
 
     def deserialize(self, data: bytes | None) -> Any:

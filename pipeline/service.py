@@ -14,11 +14,26 @@ from pipeline.settings import Settings
 if TYPE_CHECKING:  # the runners' imports (confluent_kafka, psycopg) wait until a service really runs
     from pipeline.core.loop import PollLoop
 
+# The exit code of a process whose every partition stopped (docs/guarantees.md: fail-fast): an orchestrator restarts it
+# with a back-off (as the supervisor does a worker), and each start stops again at the same place until it is fixed.
+PARTITIONS_STOPPED_EXIT = 3
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+
+
+def check_app(app: App, settings: Settings) -> None:
+    """What the App cannot do with these settings (a topic setting that does not fit it, a sink that cannot run it):
+    ConfigError before any broker is asked, so that the first error is the one to fix."""
+    from pipeline.core.configure import configured
+
+    configured(app, settings)
+    if settings.sink == "postgres":
+        from pipeline.sinks.postgres.runner import refuse_unfit
+
+        refuse_unfit(app, settings)
 
 
 def check_connection(settings: Settings) -> None:
@@ -41,12 +56,14 @@ def runner_for(app: App, settings: Settings) -> PollLoop:
 
 
 def run_service(app: App, settings: Settings, stop_requested: threading.Event) -> int:
-    """Runs `app` until stopped; 0 on a clean stop. A stop requested before the runner starts (SIGTERM during the
-    start-up) ends it at once: nothing is owned yet, so there is nothing to commit."""
+    """Runs `app` until stopped; 0 on a clean stop, PARTITIONS_STOPPED_EXIT once every partition it owned stopped. A
+    stop requested before the runner starts (SIGTERM during the start-up) ends it at once: nothing is owned yet, so
+    there is nothing to commit."""
+    check_app(app, settings)
     check_connection(settings)
     runner = runner_for(app, settings)
     runner.install_signal_handlers()
     if stop_requested.is_set():
         return 0
     runner.run()
-    return 0
+    return PARTITIONS_STOPPED_EXIT if runner.all_stopped else 0

@@ -5,7 +5,8 @@ be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PI
 `[kafka]` table in the config file; it applies to every client the runner creates. Secrets (Kafka properties whose
 name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings: repr() shows `'***'`, so printing or
 logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows them, while the clients get
-the real value.
+the real value. json.dumps and str() do write the real value: what is serialised for a log or a report is
+`settings.redacted()`.
 
 A service with settings of its own extends the type; its fields are read from the same file and environment, with
 the same checks and error messages (fields of type str, int or bool):
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -48,7 +50,14 @@ PER_PARTITION = "per_partition"  # a transactional producer per input partition,
 PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the consumer group's generation
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
-SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer")
+SPARK_KAFKA_ENV_PREFIX = "PIPELINE_SPARK_KAFKA_"  # the compaction job's Java client properties (snapshots/options.py)
+# Kafka properties whose values are secrets (also a schema registry's basic.auth.user.info, user:password).
+SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer", "user.info", "credentials")
+REDACTED = "***"
+_DSN_PASSWORDS = (  # a password inside a libpq DSN: URI user:password@, or password=... (quoted or not)
+    re.compile(r"(?<=://)([^:/@]*):[^@/]*@"),
+    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
+)
 
 
 class Secret(str):
@@ -59,6 +68,17 @@ class Secret(str):
 
     def __repr__(self) -> str:
         return "'***'"
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN without its password (URI or key=value form)."""
+    uri, keywords = _DSN_PASSWORDS
+    return keywords.sub(lambda m: m.group(1) + REDACTED, uri.sub(lambda m: f"{m.group(1)}:{REDACTED}@", str(dsn)))
+
+
+def secret_if_named(name: str, value: str) -> str:
+    """A Secret if the property's name says it holds one (SECRET_WORDS)."""
+    return _secret(value) if any(w in name.lower() for w in SECRET_WORDS) else value
 
 
 def _secret(value: str) -> str:
@@ -89,16 +109,28 @@ class Settings:
     max_poll_interval_ms: int = 300_000
     transaction_timeout_ms: int = 10_000
     request_timeout_ms: int = 10_000  # bound on every blocking Kafka call (commit, end offsets, metadata)
+    connect_timeout_ms: int = 10_000  # at start-up, every command: no broker answered by then is one clear error
+    kafka_log_interval_ms: int = 10_000  # the same librdkafka log line at most once per this (0: every line)
     restore_step_ms: int = 200  # longest restore work between two polls of the main consumer
     restore_timeout_ms: int = 600_000  # give up restoring a partition after this long
     processing_max_attempts: int = 3
     processing_backoff_ms: int = 50
     on_poison: str = "dead_letter"  # or "stop": the partition stops with an error
+    # The dead-letter storm guard (docs/guarantees.md: fail-fast): this many records in a row failing with the same
+    # error type stop the partition (the last of them is not dead-lettered); 0: off.
+    dead_letter_storm: int = 100
     timers_per_turn: int = 1_000  # due timers fired per partition per loop turn at most (a burst spreads over turns)
     # Several inputs (docs/inputs.md): how long a task waits for an empty input before it takes the others' records
     # alone, out of timestamp order with what that input may bring later; not at all for an input that is caught up
     # (nothing on the broker it has not fetched). -1: never wait.
     max_task_idle_ms: int = 100
+    # Fast failure detection (pipeline/kafka/liveness.py): a peer silent this long is fenced and removed from the group
+    # at once, instead of after SESSION_TIMEOUT_MS (and TRANSACTION_TIMEOUT_MS for its open transaction). 0: off.
+    failure_detection_ms: int = 0
+    # /live answers 503 when the poll loop has not turned for this long. A healthy turn can block for a take-over's
+    # fence (3 x REQUEST_TIMEOUT_MS) and its committed offsets (up to TRANSACTION_TIMEOUT_MS + REQUEST_TIMEOUT_MS).
+    # 0: that longest healthy turn + 10 s (50 s + 10 s with the defaults).
+    live_timeout_ms: int = 0
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
     # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
     # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
@@ -118,7 +150,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         # Frozen: the secrets are wrapped in place, once, whoever built the settings (load, a test, a benchmark).
-        kafka = {k: _secret(v) if any(w in k.lower() for w in SECRET_WORDS) else v for k, v in self.kafka.items()}
+        kafka = {k: secret_if_named(k, v) for k, v in self.kafka.items()}
         object.__setattr__(self, "kafka", kafka)
         object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
         validate(self)
@@ -150,7 +182,14 @@ class Settings:
         return self.processing_guarantee == EXACTLY_ONCE
 
     def redacted_kafka(self) -> dict[str, str]:
-        return {k: ("***" if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+        return {k: (REDACTED if isinstance(v, Secret) else v) for k, v in self.kafka.items()}
+
+    def redacted(self) -> dict[str, Any]:
+        """Every setting, JSON-ready, for logs and reports: no secret (json.dumps(asdict(settings)) writes them all,
+        as str() does: a Secret is still the real string to everything but repr). The DSN keeps user, host and
+        database, without its password."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return values | {"kafka": self.redacted_kafka(), "postgres_dsn": redact_dsn(self.postgres_dsn)}
 
 
 def require(condition: bool, message: str) -> None:
@@ -185,10 +224,14 @@ def validate(s: Settings) -> None:
         "session_timeout_ms",
         "transaction_timeout_ms",
         "request_timeout_ms",
+        "connect_timeout_ms",
         "restore_step_ms",
         "timers_per_turn",
     ):
         require(getattr(s, name) > 0, f"{name.upper()} must be positive, not {getattr(s, name)}")
+    require(s.kafka_log_interval_ms >= 0, f"KAFKA_LOG_INTERVAL_MS must not be negative, not {s.kafka_log_interval_ms}")
+    require(s.dead_letter_storm >= 0, f"DEAD_LETTER_STORM must be 0 (off) or more, not {s.dead_letter_storm}")
+    _validate_failover(s)
     require(s.processing_backoff_ms >= 0, f"PROCESSING_BACKOFF_MS must not be negative, not {s.processing_backoff_ms}")
     require(s.max_task_idle_ms >= -1, f"MAX_TASK_IDLE_MS must be -1 (never wait) or more, not {s.max_task_idle_ms}")
     require(s.session_timeout_ms >= 6_000, f"SESSION_TIMEOUT_MS={s.session_timeout_ms} is below the minimum 6000")
@@ -214,6 +257,32 @@ def validate(s: Settings) -> None:
         s.transaction_timeout_ms <= 900_000,
         f"TRANSACTION_TIMEOUT_MS={s.transaction_timeout_ms} exceeds the broker's default transaction.max.timeout.ms",
     )
+
+
+def _validate_failover(s: Settings) -> None:
+    """FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22)."""
+    require(
+        s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
+        f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "
+        f"({s.session_timeout_ms}): shorter, a scheduling hiccup removes healthy members; longer, the session "
+        "time-out comes first",
+    )
+    require(
+        s.live_timeout_ms == 0 or s.live_timeout_ms > longest_turn_ms(s),
+        f"LIVE_TIMEOUT_MS={s.live_timeout_ms} must exceed TRANSACTION_TIMEOUT_MS + 4 x REQUEST_TIMEOUT_MS "
+        f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
+        "process",
+    )
+
+
+def longest_turn_ms(s: Settings) -> int:
+    """The longest a healthy turn of the poll loop blocks (a take-over's fence, then its committed offsets)."""
+    return s.transaction_timeout_ms + 4 * s.request_timeout_ms
+
+
+def live_timeout_ms(s: Settings) -> int:
+    """LIVE_TIMEOUT_MS, or when 0 the longest healthy turn + 10 s."""
+    return s.live_timeout_ms or longest_turn_ms(s) + 10_000
 
 
 def _validate_postgres(s: Settings) -> None:
@@ -244,7 +313,7 @@ def _field_types(cls: type[Settings]) -> dict[str, type]:
     return {f.name: hints[f.name] for f in fields(cls) if f.name != "kafka"}
 
 
-def _declared_by_subclasses(cls: type) -> set[str]:
+def _declared_by_subclasses(cls: type[Settings]) -> set[str]:
     """Names of the fields that service-specific subclasses of Settings add: another loader's, not unknown."""
     names: set[str] = set()
     for sub in cls.__subclasses__():
@@ -281,7 +350,11 @@ def _from_env(cls: type[Settings], env: Mapping[str, str]) -> tuple[dict[str, An
     for key, raw in env.items():
         if key.startswith(KAFKA_ENV_PREFIX):
             kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
-        elif key.startswith(ENV_PREFIX) and key != ENV_PREFIX + "CONFIG_FILE":
+        elif (
+            key.startswith(ENV_PREFIX)
+            and key != ENV_PREFIX + "CONFIG_FILE"
+            and not key.startswith(SPARK_KAFKA_ENV_PREFIX)
+        ):
             name = key[len(ENV_PREFIX) :].lower()
             if name in known:
                 values[name] = _coerce(name, known[name], raw)

@@ -6,13 +6,19 @@ on its standard input, what the command line parsed once (`WorkerSpec`): the App
 log level, its slot. Each worker runs the service as a single process does (pipeline/service.py), with
     its slot (0..N-1)                   stable: a restarted worker gets the slot (and so the identities) back; also
                                         PIPELINE_WORKER_SLOT in its environment
-    GROUP_INSTANCE_ID=<id>-w<slot>      if GROUP_INSTANCE_ID is set: static members need distinct ids
+    GROUP_INSTANCE_ID=<id>-w<slot>      always a static member: <id> is GROUP_INSTANCE_ID, or the host's name when
+                                        it is not set (static members need distinct ids; under PRODUCERS=per_process
+                                        the producer is named after it, so a restarted worker aborts what the killed
+                                        one left open at once: docs/guarantees.md, zombies-stay-out)
     METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics of all, /ready, /live)
     PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
 The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
-A worker that exits is started again in its slot after a back-off (1 s, doubling up to 30 s while it keeps failing
-within a minute of its start); exit code 2 (configuration or usage error) stops everything instead: a restart would
-fail the same way. SIGTERM or SIGINT to the supervisor: each worker gets SIGTERM and stops as a single process does
+A worker that exits is started again in its slot at once: under its static id it takes its membership and its
+partitions back without waiting for the session time-out or a rebalance (issue 22). One that keeps failing within a
+minute of its start waits 1 s, then doubling up to 30 s. Two supervisors of one group on one host would give their
+workers the same ids: a lock file per group and id (in the temporary directory) refuses the second (exit code 2).
+Exit code 2 of a worker (configuration or usage error) stops everything instead: a restart would fail the same way.
+SIGTERM or SIGINT to the supervisor: each worker gets SIGTERM and stops as a single process does
 (commits or aborts what is open, leaves the group), the supervisor waits for all and exits 0; a second signal kills
 them. Workers run in their own process group (a terminal's Ctrl-C reaches the supervisor only, which stops them in
 order) and die with SIGTERM if the supervisor itself is killed (Linux: PR_SET_PDEATHSIG).
@@ -21,16 +27,19 @@ order) and die with SIGTERM if the supervisor itself is killed (Linux: PR_SET_PD
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,7 +58,8 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
 # A worker that ran this long had a good start: its next exit is restarted after BACKOFF_FIRST_S again.
 STABLE_AFTER_S = 60.0
-WATCH_EVERY_S = 0.2
+# How soon an exit is noticed: each 50 ms of it is output that stops (issue 22's budget for a restart is 1.5 s).
+WATCH_EVERY_S = 0.05
 # During a stop, SIGTERM and SIGINT are how a worker that had not yet installed its handlers ends: it owned nothing.
 CLEAN_STOP_CODES = (0, -signal.SIGTERM, -signal.SIGINT)
 
@@ -73,8 +83,11 @@ class WorkerSpec:
 
 
 def restart_delay(quick_failures: int, first_s: float = BACKOFF_FIRST_S) -> float:
-    """The wait before restarting a worker that exited `quick_failures` times in a row soon after its start."""
-    return Backoff(first_s, 2, BACKOFF_MAX_S).delay(max(1, quick_failures))
+    """The wait before restarting a worker that exited `quick_failures` times in a row soon after its start: none
+    the first time (a crash), then from `first_s`, doubling (a worker that cannot start)."""
+    if quick_failures <= 1:
+        return 0.0
+    return Backoff(first_s, 2, BACKOFF_MAX_S).delay(quick_failures - 1)
 
 
 def describe_exit(returncode: int) -> str:
@@ -86,11 +99,37 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def worker_settings(settings: Settings, slot: int) -> Settings:
+def instance_id_base(settings: Settings, host: str | None = None) -> str:
+    """What the workers' static ids start with: GROUP_INSTANCE_ID, or this host's name (unique per host: a
+    StatefulSet's pod name, a machine's name)."""
+    return settings.group_instance_id or host or socket.gethostname()
+
+
+def worker_settings(settings: Settings, slot: int, host: str | None = None) -> Settings:
     """The settings of the worker in `slot`: its own static-member id (static members need distinct ids), and no
     metrics port (the supervisor serves the one endpoint)."""
-    group_instance_id = f"{settings.group_instance_id}-w{slot}" if settings.group_instance_id else ""
-    return settings.with_overrides(group_instance_id=group_instance_id, metrics_port=0)
+    return settings.with_overrides(group_instance_id=f"{instance_id_base(settings, host)}-w{slot}", metrics_port=0)
+
+
+class InstanceIdsTaken(RuntimeError):
+    """Another supervisor on this host runs workers of the same group under the same static ids."""
+
+
+@contextlib.contextmanager
+def instance_ids_lock(group: str, base: str, directory: str | None = None) -> Iterator[None]:
+    """Held while the workers of `group` run under the ids `<base>-w<slot>`: two live members with one static id
+    fence each other (and, PRODUCERS=per_process, each other's producer) for ever."""
+    name = hashlib.sha256(f"{group}\0{base}".encode()).hexdigest()[:16]
+    path = os.path.join(directory or tempfile.gettempdir(), f"eos-pipeline-{name}.lock")
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InstanceIdsTaken(
+                f"another `pipeline run --workers` of group {group!r} on this host runs its workers as {base}-w<slot> "
+                f"({path}): set GROUP_INSTANCE_ID to a different value for one of them"
+            ) from None
+        yield
 
 
 def worker_env(base: Mapping[str, str], slot: int, metrics_dir: str) -> dict[str, str]:
@@ -281,9 +320,20 @@ class WorkerMetrics:
         self.restarts.labels(str(slot.index)).inc()
 
 
-def supervise(app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event) -> int:
+def supervise(
+    app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event, group: str = ""
+) -> int:
     """Runs `workers` workers of the App at `app` (MODULE:ATTR) with these settings until SIGTERM/SIGINT; 0 when all
-    stopped cleanly."""
+    stopped cleanly. `group`: the consumer group (APP_ID or the App's name), for the lock on the workers' ids."""
+    try:
+        with instance_ids_lock(group or app, instance_id_base(settings)):
+            return _supervise(app, settings, workers, log_level, stop_requested)
+    except InstanceIdsTaken as e:
+        log.error("%s", e)
+        return CONFIG_ERROR_EXIT
+
+
+def _supervise(app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event) -> int:
     kill_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -3,6 +3,9 @@
     snapshots compact --bootstrap-servers HOST:9092 --app-id APP [--master local[2]] [--keep-history]
     spark-submit --jars <kafka connector jars> snapshots/submit.py --bootstrap-servers ... --app-id APP
 
+Credentials come from the environment (PIPELINE_KAFKA_* for the job's own clients, PIPELINE_SPARK_KAFKA_* for Spark's
+Kafka source) or from files, never from the command line, which every local user sees in `ps`.
+
 `compact(spark, Options)` is one run, in the steps of the modules next to this one (the package's docstring tells the
 whole story). The live pipeline needs no restart: its next restore of p uses the newest snapshot. The job prints what
 it read, wrote and skipped per partition and exits 0 when nothing failed (skips included), 1 otherwise.
@@ -21,13 +24,22 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from pipeline.commands import common_options, complete, run_command, settings_of
 from pipeline.kafka.acls import Names, compaction_acls
+from pipeline.kafka.connect import connect_check
 from pipeline.kafka.offsets import CheckedConsumer
 from pipeline.kafka.permissions import MissingPermission, check
+from pipeline.settings import ConfigError, Settings
 from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, Manifest
 from snapshots import publish  # the module: a test runs another compaction in place of publish_manifests
 from snapshots.fold import fold_and_write
-from snapshots.options import CompactionError, Options
+from snapshots.options import (
+    SPARK_KAFKA_ENV_PREFIX,
+    CompactionError,
+    Options,
+    command_line_properties,
+    spark_kafka_properties,
+)
 from snapshots.plan import ensure_snapshot_topic, plan_partitions
 from snapshots.report import PartitionReport, Report
 from snapshots.retention import delete_below_base
@@ -73,10 +85,9 @@ def compact(spark: SparkSession, opts: Options, before_commit: Callable[[], None
 
 # -- command line ----------------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--app-id", required=True)
-    parser.add_argument("--changelog-topic", default="", help="default: <app-id>-changelog")
-    parser.add_argument("--snapshot-topic", default="", help="default: <app-id>-snapshots")
+    """The job's own options; the app id, brokers and Kafka properties are the settings (pipeline/commands.py)."""
+    parser.add_argument("--changelog-topic", default="", help="default: CHANGELOG_TOPIC, else <app-id>-changelog")
+    parser.add_argument("--snapshot-topic", default="", help="default: SNAPSHOT_TOPIC, else <app-id>-snapshots")
     parser.add_argument(
         "--master",
         default=None,
@@ -92,25 +103,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra librdkafka property for the job's own clients (e.g. security.protocol=SSL)",
+        help="extra librdkafka property for the job's own clients, no secret (those: PIPELINE_KAFKA_*, as for "
+        "`pipeline run`, or the --config file's [kafka] table)",
     )
     parser.add_argument(
         "--spark-kafka",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra Java client property for Spark's Kafka source (e.g. sasl.jaas.config=...)",
+        help="extra Java client property for Spark's Kafka source, no secret (those, e.g. sasl.jaas.config: "
+        f"{SPARK_KAFKA_ENV_PREFIX}SASL_JAAS_CONFIG, or --spark-kafka-config)",
+    )
+    parser.add_argument(
+        "--spark-kafka-config",
+        metavar="FILE",
+        help="Java client properties for Spark's Kafka source (key=value lines, as kafka-acls.sh --command-config); "
+        "readable by its owner only (mode 0600)",
     )
 
 
-def options_from(args: argparse.Namespace) -> Options:
-    kafka = dict(kv.split("=", 1) for kv in args.kafka)
-    spark_kafka = dict(kv.split("=", 1) for kv in args.spark_kafka)
+def job_settings(args: argparse.Namespace) -> Settings:
+    """The settings `pipeline run` reads (environment, --config, options); the app id is required here."""
+    changelog, snapshots = getattr(args, "changelog_topic", ""), getattr(args, "snapshot_topic", "")
+    settings = settings_of(args, changelog_topic=changelog or None, snapshot_topic=snapshots or None)
+    if not settings.app_id:
+        raise ConfigError("APP_ID is empty: name the app whose snapshots these are (--app-id or PIPELINE_APP_ID)")
+    return settings
+
+
+def options_from(args: argparse.Namespace, settings: Settings) -> Options:
+    kafka = {**settings.kafka, **command_line_properties("--kafka", args.kafka)}
+    spark_kafka = spark_kafka_properties(os.environ, args.spark_kafka_config)
+    spark_kafka |= command_line_properties("--spark-kafka", args.spark_kafka)
     return Options(
-        args.bootstrap_servers,
-        args.app_id,
-        args.changelog_topic,
-        args.snapshot_topic,
+        settings.bootstrap_servers,
+        settings.app_id,
+        settings.changelog_topic,
+        settings.snapshot_topic,
         args.chunk_bytes,
         not args.keep_history,
         args.timeout,
@@ -120,7 +149,9 @@ def options_from(args: argparse.Namespace) -> Options:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = options_from(args)
+    settings = job_settings(args)
+    opts = options_from(args, settings)
+    connect_check(settings.with_overrides(kafka=opts.kafka))  # an unreachable broker: one error, at once
     try:  # before Spark starts: a missing ACL fails in a second, naming it, with nothing read or written
         check(
             AdminClient(opts.client()),
@@ -151,11 +182,13 @@ def _session(master: str | None, app_id: str) -> SparkSession:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="compact", description="Fold snapshots and changelog into new snapshots")
+    """`snapshots compact ...` as snapshots/submit.py runs it under spark-submit."""
+    common = common_options()
+    parser = argparse.ArgumentParser(prog="compact", description=__doc__, parents=[common])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
+    args = complete(parser.parse_args(argv), "info")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_command("compaction", run, args)
 
 
 if __name__ == "__main__":  # executors could not unpickle this module's functions from __main__

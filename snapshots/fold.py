@@ -152,9 +152,12 @@ def _spark_round(spark: SparkSession, opts: Options, plans: dict[int, Plan]) -> 
         "exists(headers, h -> h.key = 'eos.checkpoint'), false) AS is_checkpoint",
     )
     parts = [changelog.mapInArrow(_fold_changelog, FOLD_SCHEMA)]
-    bases = {p: pl for p, pl in plans.items() if pl.base is not None}
+    # A plan with a base knows its manifest's offset: B's chunks lie below it.
+    bases = {
+        p: (pl.base, pl.base_offset) for p, pl in plans.items() if pl.base is not None and pl.base_offset is not None
+    }
     if bases:
-        ranges = {p: (pl.base.first_chunk_offset, pl.base_offset) for p, pl in bases.items()}
+        ranges = {p: (base.first_chunk_offset, offset) for p, (base, offset) in bases.items()}
         chunks = _kafka_range(spark, opts, opts.snapshots, ranges).selectExpr(
             "partition",
             "offset",
@@ -162,7 +165,7 @@ def _spark_round(spark: SparkSession, opts: Options, plans: dict[int, Plan]) -> 
             "COALESCE(exists(headers, h -> h.key = 'eos.snapshot' AND CAST(h.value AS STRING) = 'chunk'), false) "
             "AS is_chunk",
         )
-        parts.append(chunks.mapInArrow(chunk_decoder({p: pl.base for p, pl in bases.items()}), FOLD_SCHEMA))
+        parts.append(chunks.mapInArrow(chunk_decoder({p: base for p, (base, _) in bases.items()}), FOLD_SCHEMA))
     rows = reduce(lambda a, b: a.unionByName(b), parts)
     targets = {p: Target(pl.snapshot_id, pl.base) for p, pl in plans.items()}
     writer = _merge_and_write(
@@ -243,11 +246,17 @@ def _single(batch: pa.RecordBatch) -> bool:
     import pyarrow.compute as pc
 
     bounds = pc.min_max(batch.column("partition"))
-    return bounds["min"].as_py() == bounds["max"].as_py()
+    return bool(bounds["min"].as_py() == bounds["max"].as_py())
 
 
 def _rows(
-    pa: Any, p: int, kind: int, keys: list, values: list, ords: list, infos: list | None = None
+    pa: Any,
+    p: int,
+    kind: int,
+    keys: list[Any],
+    values: list[Any],
+    ords: list[int],
+    infos: list[str | None] | None = None,
 ) -> pa.RecordBatch:
     n = len(keys)
     return pa.RecordBatch.from_arrays(

@@ -2,11 +2,59 @@
 
 from __future__ import annotations
 
+import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pipeline.settings import SPARK_KAFKA_ENV_PREFIX, ConfigError, secret_if_named
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, snapshot_topic
+
+# Property names that hold a credential: refused on the command line. Not "key": ssl.key.location is a path.
+COMMAND_LINE_SECRETS = ("password", "secret", "jaas", "token", "oauthbearer", "user.info", "credentials")
+
+__all__ = ["SPARK_KAFKA_ENV_PREFIX", "CompactionError", "Options", "command_line_properties", "spark_kafka_properties"]
+
+
+def command_line_properties(option: str, pairs: Iterable[str]) -> dict[str, str]:
+    """KEY=VALUE options; a credential among them is refused (naming its key only: the value is the secret)."""
+    properties: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise ConfigError(f"{option}: KEY=VALUE expected, not {key!r}{'=...' if equals else ''}")
+        if any(word in key.lower() for word in COMMAND_LINE_SECRETS):
+            where = "PIPELINE_KAFKA_*" if option == "--kafka" else f"{SPARK_KAFKA_ENV_PREFIX}* or --spark-kafka-config"
+            raise ConfigError(
+                f"{option} {key}=...: a secret on the command line is visible to every local user (ps); give it "
+                f"in the environment or a file instead ({where})"
+            )
+        properties[key] = value
+    return properties
+
+
+def spark_kafka_properties(env: Mapping[str, str], config_file: str | None) -> dict[str, str]:
+    """Spark's Kafka source's Java client properties: PIPELINE_SPARK_KAFKA_SASL_JAAS_CONFIG -> sasl.jaas.config,
+    then those of `config_file` (key=value lines), which must be readable by its owner only."""
+    properties = {
+        key[len(SPARK_KAFKA_ENV_PREFIX) :].lower().replace("_", "."): value
+        for key, value in env.items()
+        if key.startswith(SPARK_KAFKA_ENV_PREFIX)
+    }
+    if config_file:
+        from pipeline.kafka.acls import read_properties
+
+        path = Path(config_file)
+        try:
+            mode = path.stat().st_mode
+        except OSError as e:
+            raise ConfigError(f"--spark-kafka-config {path}: {e.strerror}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"--spark-kafka-config {path}: readable by others (mode {mode & 0o777:o}); chmod 600 it")
+        properties |= read_properties(path, "--spark-kafka-config")
+    return {key: secret_if_named(key, value) for key, value in properties.items()}
 
 
 class CompactionError(RuntimeError):

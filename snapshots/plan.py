@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.kafka.offsets import low_watermarks, stable_end_offsets
+from pipeline.kafka.offsets import Reading, low_watermarks, stable_end_offsets
 from pipeline.kafka.topics import SNAPSHOT_CONFIG
 from pipeline.state.snapshot_finder import InvalidSnapshot, precheck, scan_all
 from pipeline.state.snapshot_format import Manifest, snapshot_id
@@ -85,7 +85,7 @@ def ensure_snapshot_topic(admin: AdminClient, opts: Options) -> list[int]:
 
 
 def plan_partitions(
-    opts: Options, admin: AdminClient, consumer: Consumer, partitions: list[int]
+    opts: Options, admin: AdminClient, consumer: Reading, partitions: list[int]
 ) -> tuple[dict[int, Plan], dict[int, PartitionReport]]:
     """A plan for each partition with new changelog records, a report (skipped or failed) for each other one."""
     changelog_low = low_watermarks(admin, opts.changelog, partitions, opts.timeout_s)
@@ -154,6 +154,7 @@ def plan_partition(
 
 def plan_on_older(opts: Options, plan: Plan, why: str) -> Plan | PartitionReport:
     """p planned again after its base turned out damaged (found by the fold): on the next older snapshot."""
+    assert plan.base is not None  # only a base can turn out damaged
     log.warning(
         "p%d: previous snapshot %s is not valid (%s); falling back to the one before",
         plan.partition,

@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.errors import is_fenced, kafka_error
-from pipeline.kafka.offsets import low_watermarks, stable_end_offsets
+from pipeline.kafka.offsets import Reading, low_watermarks, stable_end_offsets
 from pipeline.kafka.permissions import missing_transactional_id
 from pipeline.state.snapshot_finder import ManifestScan
 from pipeline.state.snapshot_format import Manifest
@@ -30,7 +30,7 @@ from snapshots.report import PartitionReport
 
 def publish_manifests(
     opts: Options,
-    consumer: Consumer,
+    consumer: Reading,
     admin: AdminClient,
     plans: dict[int, Plan],
     written: dict[int, Folded],
@@ -94,7 +94,7 @@ def _fenced_publisher(opts: Options) -> Producer:
 
 def _still_newest(
     opts: Options,
-    consumer: Consumer,
+    consumer: Reading,
     admin: AdminClient,
     plans: dict[int, Plan],
     written: dict[int, Folded],
@@ -117,6 +117,7 @@ def _still_newest(
                 f"{plan.newest_offset}); its chunks {plan.snapshot_id} stay unreferenced",
             )
             continue
+        assert folded.chunks is not None  # a written partition has its chunks
         manifests[p] = manifest_for(
             folded.chunks,
             generation=plan.generation,
@@ -132,7 +133,7 @@ def _still_newest(
     return manifests
 
 
-def _newest_manifest_offset(consumer: Consumer, opts: Options, p: int, low: int, end: int) -> int | None:
+def _newest_manifest_offset(consumer: Reading, opts: Options, p: int, low: int, end: int) -> int | None:
     scan = ManifestScan(consumer, opts.snapshots, p, low, end, on_skip=lambda offset, why: None)
     deadline = time.monotonic() + opts.timeout_s
     while scan.newest_offset is None and not scan.exhausted:

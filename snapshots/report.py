@@ -24,6 +24,7 @@ class PartitionReport:
     def line(self) -> str:
         if self.status == "published":
             rng = self.changelog_range
+            assert rng is not None  # a published snapshot covers a changelog range
             text = (
                 f"p{self.partition}: published {self.snapshot_id} (generation {self.generation}): read "
                 f"{self.base_entries} entries of {self.base_id or 'no previous snapshot'} and "

@@ -22,6 +22,9 @@ class DeadLetter:
     error_message: str
     attempts: int
     rejected: bool = False  # `process` raised Reject: dead-lettered on purpose (e.g. "late"), not after failures
+    # A timer whose on_timer kept failing (not an input record): its eos.timer coordinates
+    # (partition:position:clock:due:key); key and value are the timer's key and payload.
+    timer: str = ""
 
     def headers(self) -> list[tuple[str, bytes]]:
         fields: dict[str, object] = {
@@ -34,6 +37,8 @@ class DeadLetter:
         }
         if self.rejected:
             fields["rejected"] = 1
+        if self.timer:
+            fields["timer"] = self.timer
         return [(PREFIX + name, str(value).encode()) for name, value in fields.items()]
 
     @staticmethod
@@ -49,4 +54,5 @@ class DeadLetter:
             error_message=fields["error.message"],
             attempts=int(fields["attempts"]),
             rejected=fields.get("rejected") == "1",
+            timer=fields.get("timer", ""),
         )

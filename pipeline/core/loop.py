@@ -16,10 +16,11 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from pipeline.core.lifecycle import Lifecycle, Phase
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import log_stop
+from pipeline.core.schedule import Schedule
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
-from pipeline.settings import CONSUMER, Settings
+from pipeline.settings import CONSUMER, Settings, live_timeout_ms
 
 log = logging.getLogger(__name__)
 # Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
@@ -47,8 +48,13 @@ class PollLoop:
         self.settings = settings
         self.metrics = Metrics()
         self.consumer = None
+        # Told by the tasks when a batch opens and when a partition waits for a seek or a restore step: the loop
+        # never asks every partition every turn (pipeline/core/schedule.py).
+        self.schedule = Schedule(settings.commit_interval_ms, settings.commit_max_records)
         self._stop = threading.Event()
+        self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
+        self._turned_at = time.monotonic()  # the poll loop's last turn: /live
 
     def run(self) -> None:
         self.open()
@@ -58,12 +64,13 @@ class PollLoop:
                 "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)"
             )
         port = self.settings.metrics_port
-        health = HealthServer(self.metrics, self.is_ready, port).start() if port else None
+        health = HealthServer(self.metrics, self.is_ready, port, is_live=self.is_live).start() if port else None
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
         try:
             while not self._stop.is_set():
+                self._turned_at = time.monotonic()
                 self._loop_once()
         finally:
             self._shutdown()
@@ -84,6 +91,12 @@ class PollLoop:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
 
+    def is_live(self, now: float | None = None) -> bool:
+        """The poll loop turned within LIVE_TIMEOUT_MS: a loop stuck longer (a call that never returns, a deadlock)
+        makes /live answer 503, so that the orchestrator restarts the process."""
+        elapsed = (time.monotonic() if now is None else now) - self._turned_at
+        return elapsed * 1000 < live_timeout_ms(self.settings)
+
     def is_ready(self) -> bool:
         return all(owned.phase is Phase.RUNNING for owned in self._owned_partitions().values())
 
@@ -97,6 +110,7 @@ class PollLoop:
             return
         self._next_gauge_update = now + 1.0
         self.metrics.ready.set(1 if self.is_ready() else 0)
+        self._count_stopped()
         for p, owned in self._owned_partitions().items():
             if owned.phase is not Phase.RUNNING:
                 continue
@@ -132,21 +146,17 @@ class PollLoop:
         return [first, *self.input.consume(rest, 0)] if rest else [first]
 
     def _next_commit_deadline(self) -> float | None:
-        deadlines = [
-            deadline
-            for owned in self._owned_partitions().values()
-            if owned.phase is Phase.RUNNING and (deadline := owned.commit_deadline()) is not None
-        ]
-        return min(deadlines, default=None)
+        return self.schedule.deadline()
 
     def _to_commit(self, now: float) -> list[int]:
         """The partitions to commit now: once one partition's transaction is due, every open one commits with it
         (in parallel). The loop then pauses once per commit interval instead of once per partition, and the
         partitions stay in step (as Kafka Streams commits all its tasks together); each still commits within
-        COMMIT_INTERVAL_MS."""
-        due = self._next_commit_deadline()
+        COMMIT_INTERVAL_MS. The schedule starts over: the caller commits (or aborts) every one of them."""
+        due = self.schedule.deadline()
         if due is None or now < due:
             return []
+        self.schedule.restart()
         return [
             p
             for p, owned in self._owned_partitions().items()
@@ -163,7 +173,8 @@ class PollLoop:
                 if error.fatal() or error.code() == KafkaError._FATAL:
                     raise FatalRunnerError(f"consumer: {error}")
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:  # auto.offset.reset=error (kafka/clients.py)
-                    self._input_records_deleted(m.topic(), m.partition(), error.str())
+                    # A partition's error: it names the topic and partition (None only for a client-wide error).
+                    self._input_records_deleted(cast(str, m.topic()), cast(int, m.partition()), error.str())
                     continue
                 log.warning("consumer: %s", error)
                 continue
@@ -210,12 +221,26 @@ class PollLoop:
         return [TopicPartition(self.input_topic, p)]
 
     def _stop_partition(self, owned: Lifecycle, error: Exception) -> None:
-        """on_poison=stop: p stops where the poison record is, paused, until an operator restarts the process
-        (the runner has committed what came before it)."""
-        fix = getattr(error, "fix", PoisonRecordStop.fix)
-        log.error("p%d: STOPPED at offset %s: %s. %s", owned.partition, owned.next_offset, error, fix)
+        """p stops where the failing record is, paused, until an operator restarts the process (the runner has
+        committed what came before it): never silently (docs/guarantees.md: fail-fast). An ERROR, the stopped
+        partitions gauge, /ready false; once every partition of this process stopped, the process ends (run_service
+        returns PARTITIONS_STOPPED_EXIT)."""
+        log_stop(owned.partition, owned.next_offset, error)
         owned.stop(str(error))
         self._pause(owned.partition)
+        self.metrics.ready.set(0)
+        self._count_stopped()
+
+    def _count_stopped(self) -> None:
+        owned = self._owned_partitions().values()
+        stopped = sum(1 for o in owned if o.phase is Phase.STOPPED)
+        self.metrics.stopped.set(stopped)
+        if owned and stopped == len(owned) and not self.all_stopped:
+            log.error(
+                "every partition of this process stopped (%d): the process ends, not a zombie that polls", stopped
+            )
+            self.all_stopped = True
+            self.stop()
 
     # -- supplied by each runner -------------------------------------------------------------------------------------
     def open(self) -> None:

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from pipeline.app import App, Record, Reject
+from pipeline.app import App, CodeError, Record, Reject
 from pipeline.core.deadletter import DeadLetter
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
@@ -51,11 +51,32 @@ class InputRecordsDeleted(PoisonRecordStop):
         )
 
 
+class CodeStop(PoisonRecordStop):
+    """A CodeError: the App's code fails every record (or timer) the same way, so p stops at once, whatever
+    ON_POISON says, instead of dead-lettering its whole input (docs/guarantees.md: fail-fast)."""
+
+    def __init__(self, where: str, error: CodeError) -> None:
+        super().__init__(f"{where}: {error} (a mistake in the code: every record would fail the same way)")
+        self.fix = f"Fix it: {error.fix}; then restart. Nothing from here on was committed."
+
+
 def record_from_message(app: App, msg: Consumed) -> Record:
     """A consumed message as the Record `process` receives (decoding may raise: the record is then poison)."""
     return app.decode(
         msg.key(), msg.value(), msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], msg.headers()
     )
+
+
+def log_stop(partition: int, position: int | None, error: Exception) -> None:
+    """The ERROR that says p stopped, where, why and what to do (the runners' and the test driver's)."""
+    fix = getattr(error, "fix", PoisonRecordStop.fix)
+    at = "its first record" if position is None else f"offset {position}"
+    log.error("p%d: STOPPED at %s: %s. %s", partition, at, error, fix)
+
+
+def where(msg: Consumed) -> str:
+    """A record's coordinates as errors name them: topic[partition]@offset."""
+    return f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,9 @@ class Attempts:
         Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
         it was before the record. `try_once` decodes and processes the record again and returns its outputs.
         A Reject is final: the record is dead-lettered at once, with the Reject's error type."""
+        if isinstance(error, CodeError):
+            state.undo_record()
+            raise CodeStop(where(msg), error) from error
         made = 0  # attempts made so far
 
         def failed(error: Exception, failures: int, delay: float | None) -> None:
@@ -106,7 +130,7 @@ class Attempts:
         try:
             return retry(
                 attempt,
-                retriable=lambda e: not isinstance(e, Reject),
+                retriable=lambda e: not isinstance(e, (Reject, CodeError)),
                 backoff=Backoff(self.backoff_s),
                 attempts=self.max_attempts,
                 first_error=error,
@@ -115,6 +139,8 @@ class Attempts:
             )
         except Reject as reject:
             return self._reject(msg, reject, made)
+        except CodeError as mistake:  # found by a retry (it checks what process returned): p stops at once
+            raise CodeStop(where(msg), mistake) from mistake
         except Exception as last:  # user code or decoding, every attempt: poison
             return self._give_up(msg, last, made)
 
@@ -133,11 +159,11 @@ class Attempts:
         )
 
     def _give_up(self, msg: Consumed, error: Exception, attempts: int) -> DeadLetter:
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        at = where(msg)
         if self.stop_on_poison:
-            raise PoisonRecordStop(f"{where} failed {attempts} times: {type(error).__name__}: {error}") from error
+            raise PoisonRecordStop(f"{at} failed {attempts} times: {type(error).__name__}: {error}") from error
         self.dead_letters.inc()
-        log.warning("dead-lettered %s after %d attempts: %s: %s", where, attempts, type(error).__name__, error)
+        log.warning("dead-lettered %s after %d attempts: %s: %s", at, attempts, type(error).__name__, error)
         return DeadLetter(
             msg.topic(),
             msg.partition(),

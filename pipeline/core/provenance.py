@@ -16,7 +16,7 @@ def encode_source(partition: int, offset: int, input_index: int = 0) -> bytes:
     return b"%d:%d" % (partition, offset)
 
 
-def decode_source(headers: list[tuple[str, bytes]] | None) -> tuple[int, int] | tuple[int, int, int] | None:
+def decode_source(headers: Iterable[tuple[str, bytes]] | None) -> tuple[int, int] | tuple[int, int, int] | None:
     """(input partition, input offset) from an output's headers, (partition, offset, input index) for a record of
     another than the first input; None if it has none."""
     for name, value in headers or ():

@@ -11,8 +11,10 @@ When they fire:
 - wall clock: on the poll loop's turn (`KafkaTask.tick`), even when no record arrives. Position = the next offset
   to process.
 At most `budget` timers fire per call: a burst of due timers is spread over loop turns, so the poll loop keeps
-polling (and the partition its membership). A failing `on_timer` is retried like a record; when it keeps failing the
-partition stops (PoisonRecordStop): a timer has no input record that could be dead-lettered in its place.
+polling (and the partition its membership). A failing `on_timer` takes a record's path (docs/guarantees.md:
+fail-fast): retried, then dead-lettered (the timer's key and payload, its coordinates in the header eos.dlq.timer; the
+entry removed, on_timer's changes undone) or, with ON_POISON=stop, p stops; a CodeError (a wrong return type, no
+on_timer) stops p at once.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from pipeline.app import App, Output, Timer
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.app import App, CodeError, Output, Timer, checked_outputs
+from pipeline.core.deadletter import DeadLetter
+from pipeline.core.processing import CodeStop, PoisonRecordStop
 from pipeline.core.provenance import TIMER_HEADER, encode_timer
+from pipeline.core.task import StormGuard
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
-from pipeline.state.timed import Due, TimedState
+from pipeline.state.timed import TIMER_PREFIXES, Due, TimedState
 
 log = logging.getLogger(__name__)
 # The task's produce: (topic, key bytes, value bytes, partition or -1, headers) into the open transaction.
@@ -53,6 +57,10 @@ class TimerFiring:
     max_attempts: int
     backoff_s: float
     budget: int  # timers fired per call at most (TIMERS_PER_TURN)
+    stop_on_poison: bool
+    dead_letter: Callable[[DeadLetter], None]  # into the open transaction, as a record's
+    input_topic: str
+    storm: StormGuard  # the task's dead-letter storm guard for timers
     sleep: Callable[[float], None] = time.sleep
     held: list[Consumed] = field(default_factory=list)
     _paused: bool = False
@@ -67,6 +75,8 @@ class TimerFiring:
         produce: Produce,
         pause_input: Callable[[bool], None],
         errors: Counter,
+        dead_letter: Callable[[DeadLetter], None],
+        storm: StormGuard,
     ) -> TimerFiring:
         return cls(
             app,
@@ -78,6 +88,10 @@ class TimerFiring:
             settings.processing_max_attempts,
             settings.processing_backoff_ms / 1000,
             settings.timers_per_turn,
+            settings.on_poison == "stop",
+            dead_letter,
+            app.input_topic,
+            storm,
         )
 
     def before_record(self, state: TimedState, offset: int, timestamp_ms: int) -> bool:
@@ -121,7 +135,6 @@ class TimerFiring:
 
     def _fire_one(self, state: TimedState, due: Due, clock: str, position: int) -> None:
         timer: Timer | None = None
-
         on_timer = self.app.on_timer
 
         def attempt() -> list[Encoded]:
@@ -131,8 +144,8 @@ class TimerFiring:
             if timer is None:
                 return []
             if on_timer is None:
-                raise TypeError(f"{self.app.name}: a timer is due but the App has no on_timer")
-            return [self.encode(o) for o in on_timer(state, timer)]
+                raise CodeError("on_timer", "is missing, but a timer is due", "give the App on_timer=...")
+            return [self.encode(o) for o in checked_outputs("on_timer", on_timer(state, timer))]
 
         def failed(error: Exception, failures: int, delay: float | None) -> None:
             state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone
@@ -141,18 +154,45 @@ class TimerFiring:
         try:
             outputs = retry(
                 attempt,
-                retriable=lambda e: True,
+                retriable=lambda e: not isinstance(e, CodeError),
                 backoff=Backoff(self.backoff_s),
                 attempts=self.max_attempts,
                 on_failure=failed,
                 sleep=self.sleep,
             )
-        except Exception as error:  # user code failed every time: the partition stops
-            raise PoisonRecordStop(
-                f"p{self.partition}: on_timer({timer}) failed {self.max_attempts} times: {type(error).__name__}: "
-                f"{error}"
-            ) from error
+        except Exception as error:  # on_timer failed every time
+            self._gave_up(state, due, clock, position, error)
+            return
+        if timer is not None:
+            self.storm.reset()  # fired without failing: a run of timer dead letters ends
         if outputs and timer is not None:
             header = (TIMER_HEADER, encode_timer(self.partition, position, clock, due.at_ms, timer.key))
             for topic, key, value, partition, headers in outputs:
                 self.produce(topic, key, value, partition, [*headers, header] if headers else [header])
+
+    def _gave_up(self, state: TimedState, due: Due, clock: str, position: int, error: Exception) -> None:
+        """A timer whose on_timer kept failing: a CodeError stops p at once, ON_POISON=stop stops it, else a dead
+        letter takes its place: the entry removed in a unit of its own, written in the open transaction."""
+        key = due.entry[len(TIMER_PREFIXES[clock]) :]
+        coordinates = encode_timer(self.partition, position, clock, due.at_ms, key).decode()
+        where = f"{self.input_topic}[{self.partition}] on_timer(timer {coordinates} = partition:position:clock:due:key)"
+        if isinstance(error, CodeError):
+            raise CodeStop(where, error) from error
+        if self.stop_on_poison:
+            raise PoisonRecordStop(f"{where} failed {self.max_attempts} times: {type(error).__name__}: {error}")
+        self.storm.note(type(error).__name__, where, 0, 0)  # every timer dead letter continues the run
+        state.begin_record()
+        state.remove(due)
+        log.warning("dead-lettered %s after %d attempts: %s: %s", where, self.max_attempts, type(error).__name__, error)
+        letter = DeadLetter(
+            self.input_topic,
+            self.partition,
+            position,
+            key.encode(),
+            due.payload or None,
+            type(error).__name__,
+            str(error),
+            self.max_attempts,
+            timer=coordinates,
+        )
+        self.dead_letter(letter)

@@ -34,7 +34,7 @@ def process(state: State, record: Record) -> Iterable[Output]:
     window_start = record.timestamp_ms - record.timestamp_ms % WINDOW_MS
     window_end = window_start + WINDOW_MS
     stream_time = state.timers.stream_time_ms
-    if window_end + GRACE_MS <= stream_time:
+    if stream_time is not None and window_end + GRACE_MS <= stream_time:  # None: no timestamped record yet
         raise Reject(
             "late", f"window [{window_start}, {window_end}) of {record.key} closed at stream time {stream_time}"
         )

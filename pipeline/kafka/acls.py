@@ -236,22 +236,28 @@ def binding_filters(principal: str, acls: Iterable[Acl]) -> list[AclBindingFilte
 _JAAS_VALUE = r'{}\s*=\s*"([^"]*)"'
 
 
-def admin_properties(path: Path) -> dict[str, str]:
-    """librdkafka properties from a `kafka-acls.sh --command-config` file: `key=value` lines; a Java
-    `sasl.jaas.config` (PLAIN or SCRAM login module) becomes sasl.username / sasl.password, and a PEM truststore
-    becomes ssl.ca.location. Other Java-only properties are left for librdkafka to refuse by name."""
+def read_properties(path: Path, option: str) -> dict[str, str]:
+    """The `key=value` lines of a Java client properties file (`#` and `!` comment lines); errors name `option`."""
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
-        raise ConfigError(f"--command-config {path}: {e.strerror}") from None
+        raise ConfigError(f"{option} {path}: {e.strerror}") from None
     properties: dict[str, str] = {}
     for line in lines:
         line = line.strip()
         if line and not line.startswith(("#", "!")):
             key, sep, value = line.partition("=")
             if not sep:
-                raise ConfigError(f"--command-config {path}: expected key=value, got a line without '='")
+                raise ConfigError(f"{option} {path}: expected key=value, got a line without '='")
             properties[key.strip()] = value.strip()
+    return properties
+
+
+def admin_properties(path: Path) -> dict[str, str]:
+    """librdkafka properties from a `kafka-acls.sh --command-config` file: `key=value` lines; a Java
+    `sasl.jaas.config` (PLAIN or SCRAM login module) becomes sasl.username / sasl.password, and a PEM truststore
+    becomes ssl.ca.location. Other Java-only properties are left for librdkafka to refuse by name."""
+    properties = read_properties(path, "--command-config")
     if jaas := properties.pop("sasl.jaas.config", None):
         for key in ("username", "password"):
             if found := re.search(_JAAS_VALUE.format(key), jaas):

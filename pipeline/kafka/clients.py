@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import Producer
 
+from pipeline.kafka.logs import librdkafka_log
 from pipeline.settings import CLASSIC, Settings
 
 
-def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> None:
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
     """produce(), waiting while the producer's local queue is full (BufferError) for deliveries to drain it."""
     while True:
         try:
@@ -18,15 +21,30 @@ def produce_waiting(producer: Producer, topic: str, value, key, **kwargs) -> Non
             producer.poll(0.05)
 
 
-def client_config(settings: Settings) -> dict:
+def client_config(settings: Settings) -> dict[str, Any]:
+    """Every client's: the brokers and the PIPELINE_KAFKA_* properties (admin clients use it as it is)."""
     return {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka}
 
 
-def consumer_config(settings: Settings, group_id: str) -> dict:
+def polled_client_config(settings: Settings) -> dict[str, Any]:
+    """A client that is polled: its librdkafka log lines go through Python logging, rate-limited
+    (pipeline/kafka/logs.py)."""
+    return {**client_config(settings), "logger": librdkafka_log(settings.kafka_log_interval_ms)}
+
+
+def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """The input consumer: read_committed, offsets committed only by the protocol, incremental rebalancing."""
     s = settings
     config = {
-        **client_config(s),
+        # Fetch sizing, defaults that the [kafka] settings may override (issue 23; BENCHMARKS.md, "Backlog drain").
+        # librdkafka waits fetch.queue.backoff.ms (1 s) before it fetches a partition again whose queue is over
+        # queued.min.messages: a loop draining a backlog of few partitions emptied the queue first and waited for
+        # records ~45 % of the time (3 partitions: 120k -> 200k records/s at 10 ms). fetch.max.bytes (50 MB) bounds
+        # one fetch response, all partitions together: at 384 partitions every fetch was that large, held in memory
+        # until its last record was consumed (peak RSS 2.2x that of 3 partitions; 1.2x at 8 MB, and faster).
+        "fetch.queue.backoff.ms": 10,
+        "fetch.max.bytes": 8 * 1024 * 1024,
+        **polled_client_config(s),
         "group.id": group_id,
         "group.protocol": s.group_protocol,
         "isolation.level": "read_committed",
@@ -59,10 +77,10 @@ def consumer_config(settings: Settings, group_id: str) -> dict:
     return config
 
 
-def producer_config(settings: Settings, transactional_id: str | None) -> dict:
+def producer_config(settings: Settings, transactional_id: str | None) -> dict[str, Any]:
     """Idempotent; transactional when given a transactional.id."""
     config = {
-        **client_config(settings),
+        **polled_client_config(settings),
         "enable.idempotence": True,
         "acks": "all",
         # exactly_once: outputs become visible at the commit, which sends whatever lingers at once (commit 1-1.5 ms
@@ -80,10 +98,10 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict:
     return config
 
 
-def restore_consumer_config(settings: Settings, group_id: str) -> dict:
+def restore_consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
     """Reads internal topics by assignment; never commits, never jumps over deleted records."""
     return {
-        **client_config(settings),
+        **polled_client_config(settings),
         "group.id": group_id,
         "isolation.level": "read_committed",
         "enable.auto.commit": False,

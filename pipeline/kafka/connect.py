@@ -12,13 +12,16 @@ Messages name settings, never their values: librdkafka's own error texts hold no
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.clients import client_config
+from pipeline.kafka.logs import librdkafka_log
 from pipeline.settings import KAFKA_ENV_PREFIX, SECRET_WORDS, ConfigError, Settings
 
 POLL_S = 0.1
@@ -36,11 +39,13 @@ def kafka_setting(prop: str) -> str:
 def connect_check(settings: Settings, timeout_s: float | None = None) -> None:
     """Returns once the cluster answered; raises ConnectionRefused naming the setting when the client cannot be
     built or the brokers refuse it, and ConfigError when no broker answered within timeout_s (default:
-    REQUEST_TIMEOUT_MS)."""
-    timeout_s = settings.request_timeout_ms / 1000 if timeout_s is None else timeout_s
+    CONNECT_TIMEOUT_MS). librdkafka's log lines are DEBUG here: the error raised quotes the last one."""
+    timeout_s = settings.connect_timeout_ms / 1000 if timeout_s is None else timeout_s
     errors: list[KafkaError] = []
+    quiet = librdkafka_log(settings.kafka_log_interval_ms, demote_to=logging.DEBUG)
     try:
-        admin = AdminClient({**client_config(settings), "error_cb": errors.append})
+        config: dict[str, Any] = {**client_config(settings), "error_cb": errors.append, "logger": quiet}
+        admin = AdminClient(config)
     except KafkaException as e:
         raise ConnectionRefused(config_problem(e.args[0])) from None
     future = admin.describe_cluster(request_timeout=timeout_s)
@@ -55,13 +60,13 @@ def connect_check(settings: Settings, timeout_s: float | None = None) -> None:
         try:
             future.result()
             return
-        except KafkaException as e:
-            errors.append(e.args[0])
+        except KafkaException as e:  # its timeout says less than a connection error the callback saw
+            errors.insert(0, e.args[0])
     last = f" (last error: {errors[-1].str()})" if errors else ""
     raise ConfigError(
         f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s from "
         f"{settings.bootstrap_servers!r}{last}; check PIPELINE_BOOTSTRAP_SERVERS and "
-        f"{kafka_setting('security.protocol')}"
+        f"{kafka_setting('security.protocol')} (or wait longer: CONNECT_TIMEOUT_MS)"
     )
 
 
@@ -98,7 +103,8 @@ _ALIASES = {"mechanism": "sasl.mechanisms", "sasl.mechanism": "sasl.mechanisms",
 def config_problem(error: KafkaError) -> str:
     """A client librdkafka refused to create: name the property's setting (the key's password with the key)."""
     text = error.str()
-    prop = next((m.group(m.lastindex) for p in _PROPERTY_PATTERNS if (m := p.search(text))), None)
+    # Every pattern captures the property in a group, so a match always has a lastindex (0, the whole match, is unused).
+    prop = next((m.group(m.lastindex or 0) for p in _PROPERTY_PATTERNS if (m := p.search(text))), None)
     if prop is None:
         return f"the Kafka client cannot be created: {text} (check the PIPELINE_KAFKA_* settings)"
     prop = _ALIASES.get(prop.lower(), prop)

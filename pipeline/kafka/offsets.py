@@ -13,9 +13,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from pipeline.kafka.records import Consumed
+from pipeline.retry import Backoff, retry
 
 
 class EndOffsetsTimeout(TimeoutError):
@@ -44,23 +48,28 @@ def watermarks(
     elected, a just-created topic) are retried until timeout_s; then EndOffsetsTimeout says why."""
     request = {TopicPartition(topic, p): spec or OffsetSpec.latest() for p in partitions}
     deadline = time.monotonic() + timeout_s
-    while True:
+
+    def ask() -> dict[int, int]:
         remaining = max(0.1, deadline - time.monotonic())
-        try:
-            futures = admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=remaining
-            )
-            return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
-        except KafkaException as e:
-            if _transient(e.args[0]) and time.monotonic() + 0.1 < deadline:
-                if e.args[0].code() in _LEADERSHIP_CHANGES:
-                    with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
-                        admin.list_topics(topic, timeout=remaining)
-                time.sleep(0.1)
-                continue
-            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
-        except TimeoutError as e:
-            raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=remaining
+        )
+        return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
+
+    def refresh_leaders(error: Exception, failures: int, delay: float | None) -> None:
+        if delay is not None and isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_CHANGES:
+            with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
+                admin.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+
+    transient = lambda e: isinstance(e, KafkaException) and _transient(e.args[0])  # noqa: E731
+    try:
+        return retry(
+            ask, retriable=transient, backoff=Backoff(0.1, 1.0), within_s=timeout_s, on_failure=refresh_leaders
+        )
+    except KafkaException as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
+    except TimeoutError as e:
+        raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s") from e
 
 
 # Metadata that is stale while leaders move (a broker restarting): librdkafka does not flag all of them retriable.
@@ -95,6 +104,18 @@ def low_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeou
     return watermarks(admin, topic, partitions, timeout_s, OffsetSpec.earliest())
 
 
+class Reading(Protocol):
+    """What a TailReader needs of its consumer: a Consumer, or a CheckedConsumer around one."""
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]: ...
+
+    def assign(self, partitions: list[TopicPartition]) -> None: ...
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]: ...
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None: ...
+
+
 class CheckedConsumer:
     """A consumer whose `consume` raises OffsetsTruncated instead of silently jumping when records it was about to
     read were deleted. Needs auto.offset.reset=error in the consumer's configuration."""
@@ -107,11 +128,11 @@ class CheckedConsumer:
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         messages = self._consumer.consume(num_messages=num_messages, timeout=timeout)
         for m in messages:
-            if m.error() is not None and m.error().code() in self._TRUNCATED:
-                raise OffsetsTruncated(f"{m.topic()}[{m.partition()}]: {m.error()}")
+            if (error := m.error()) is not None and error.code() in self._TRUNCATED:
+                raise OffsetsTruncated(f"{m.topic()}[{m.partition()}]: {error}")
         return messages
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._consumer, name)
 
 
@@ -123,7 +144,7 @@ class TailReader:
     dedicated to this reader (it is assigned exactly the partitions still to read).
     """
 
-    def __init__(self, consumer: Consumer, topic: str, starts: Mapping[int, int], ends: Mapping[int, int]) -> None:
+    def __init__(self, consumer: Reading, topic: str, starts: Mapping[int, int], ends: Mapping[int, int]) -> None:
         self.consumer = consumer
         self.topic = topic
         self.ends = dict(ends)
@@ -135,19 +156,19 @@ class TailReader:
     def done(self) -> bool:
         return not self._remaining
 
-    def step(self, timeout_s: float = 0.1, max_records: int = 10_000) -> list[Message]:
+    def step(self, timeout_s: float = 0.1, max_records: int = 10_000) -> list[Consumed]:
         """Up to max_records data records; empty when nothing arrived in time or everything is read."""
         if self.done:
             return []
         messages = self.consumer.consume(num_messages=max_records, timeout=timeout_s)
         if len(self.ends) == 1 and messages and not any(map(Message.error, messages)):
-            records = self._in_range(messages)  # one partition (a restore): no per-record Python
+            records = self._in_range(cast(list[Consumed], messages))  # one partition (a restore): no per-record Python
         else:
             records = self._filter(messages)
         self._mark_finished()
         return records
 
-    def _in_range(self, messages: list[Message]) -> list[Message]:
+    def _in_range(self, messages: list[Consumed]) -> list[Consumed]:
         (p,) = self._remaining
         end = self.ends[p]
         if messages[-1].offset() >= end:  # written after the end was captured: not part of this read
@@ -156,13 +177,14 @@ class TailReader:
             self.positions[p] = messages[-1].offset() + 1
         return messages
 
-    def _filter(self, messages: list[Message]) -> list[Message]:
+    def _filter(self, messages: list[Message]) -> list[Consumed]:
         records = []
-        for m in messages:
-            if m.error():
-                if m.error().fatal():
-                    raise KafkaException(m.error())
+        for message in messages:
+            if (error := message.error()) is not None:
+                if error.fatal():
+                    raise KafkaException(error)
                 continue
+            m = cast(Consumed, message)  # no error: a record, with its partition and offset
             p = m.partition()
             if p not in self._remaining or m.offset() >= self.ends[p]:
                 continue  # written after the end was captured: not part of this read
@@ -188,7 +210,7 @@ class TailReader:
             self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in finished])
 
 
-def read_to_end(reader: TailReader, timeout_s: float) -> Iterator[Message]:
+def read_to_end(reader: TailReader, timeout_s: float) -> Iterator[Consumed]:
     """All records of a TailReader, or ReadToEndTimeout naming the partitions that did not reach their end."""
     deadline = time.monotonic() + timeout_s
     while not reader.done:

@@ -27,9 +27,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
 
 from pipeline.kafka.acls import Acl, Names, service_acls
+from pipeline.retry import Backoff, retry
 from pipeline.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -67,19 +68,25 @@ def check(
 ) -> None:
     """Raises MissingPermission naming every topic or group operation of `needed` the principal may not perform;
     with `before_topics`, also CREATE on the topics that do not exist and the groups."""
-    for attempt in (1, 2):  # asked twice: one broker of several restarting must not fail the start
-        try:
-            gaps = _topic_gaps(admin, needed, timeout_s, before_topics)
-            if before_topics:
-                gaps += _group_gaps(admin, [a for a in needed if a.resource == "group"], timeout_s)
-            break
-        except TimeoutError as e:  # no broker answered: the same bounded, clear error as the topic checks give
-            if attempt == 2:
-                raise ConfigError(
-                    f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s, asked twice (the "
-                    "permission check got no answer)"
-                ) from e
+
+    def ask() -> list[str]:
+        gaps = _topic_gaps(admin, needed, timeout_s, before_topics)
+        if before_topics:
+            gaps += _group_gaps(admin, [a for a in needed if a.resource == "group"], timeout_s)
+        return gaps
+
+    def warn(error: Exception, failures: int, delay: float | None) -> None:
+        if delay is not None:
             log.warning("permission check: no answer within %.0fs; asking once more", timeout_s)
+
+    try:  # asked twice: one broker of several restarting must not fail the start
+        no_answer = lambda e: isinstance(e, TimeoutError)  # noqa: E731
+        gaps = retry(ask, retriable=no_answer, backoff=Backoff(0.0), attempts=2, on_failure=warn)
+    except TimeoutError as e:  # no broker answered: the same bounded, clear error as the topic checks give
+        raise ConfigError(
+            f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s, asked twice (the "
+            "permission check got no answer)"
+        ) from e
     if gaps:
         raise MissingPermission(
             f"missing Kafka permission{'s' if len(gaps) > 1 else ''}"
@@ -168,7 +175,7 @@ def _group_gaps(admin: AdminClient, groups: list[Acl], timeout_s: float) -> list
     return gaps
 
 
-def _operations(authorized: list | None) -> set[str] | None:
+def _operations(authorized: list[AclOperation] | None) -> set[str] | None:
     """The operation names the broker reported, or None when it reported none (a broker before KIP-430)."""
     return None if authorized is None else {op.name for op in authorized}
 

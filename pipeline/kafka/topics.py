@@ -6,8 +6,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, TopicMetadata
 
+from pipeline.retry import Backoff, retry
 from pipeline.settings import ConfigError
 
 # The changelog is the only copy of the state until full snapshots exist: never delete from it by time.
@@ -21,15 +22,30 @@ def partition_counts(admin: AdminClient, timeout_s: float, needed: Iterable[str]
     """Partition count of every topic whose metadata is complete. A `needed` topic that exists but has no leader
     yet (just created, broker starting) is asked again until timeout_s rather than reported as missing."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            metadata = admin.list_topics(timeout=max(deadline - time.monotonic(), 0.5))
-        except KafkaException as e:
-            raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s ({e.args[0]})") from e
-        settling = [name for name in needed if _still_settling(metadata.topics.get(name))]
-        if not settling or time.monotonic() + 0.2 > deadline:
-            return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
-        time.sleep(0.2)
+
+    def ask() -> ClusterMetadata:
+        metadata = admin.list_topics(timeout=max(deadline - time.monotonic(), 0.5))
+        if any(_still_settling(metadata.topics.get(name)) for name in needed):
+            raise _Settling(metadata)
+        return metadata
+
+    try:
+        metadata = retry(
+            ask, retriable=lambda e: isinstance(e, _Settling), backoff=Backoff(0.2, 1.0), within_s=timeout_s
+        )
+    except _Settling as settling:  # the time is up: what is known
+        metadata = settling.metadata
+    except KafkaException as e:
+        raise ConfigError(f"BOOTSTRAP_SERVERS: no cluster metadata within {timeout_s:.0f}s ({e.args[0]})") from e
+    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+
+
+class _Settling(Exception):
+    """A needed topic exists but has no leader yet: asked again."""
+
+    def __init__(self, metadata: ClusterMetadata) -> None:
+        super().__init__("topic metadata still settling")
+        self.metadata = metadata
 
 
 def _still_settling(topic: TopicMetadata | None) -> bool:
@@ -89,9 +105,11 @@ def _create(admin: AdminClient, topics: list[NewTopic], timeout_s: float) -> Non
     """Creates the topics; a retriable failure (controller moving or still starting) is retried until timeout_s."""
     deadline = time.monotonic() + timeout_s
     pending = list(topics)
-    while pending:
+
+    def create() -> None:
+        nonlocal pending
         futures = admin.create_topics(pending, request_timeout=max(deadline - time.monotonic(), 1.0))
-        retry = []
+        again: list[tuple[NewTopic, KafkaError]] = []
         for topic in pending:
             try:
                 futures[topic.topic].result(timeout_s)
@@ -99,10 +117,23 @@ def _create(admin: AdminClient, topics: list[NewTopic], timeout_s: float) -> Non
                 error = e.args[0]
                 if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:  # another instance won the race
                     continue
-                if (error.retriable() or error.code() == KafkaError._TIMED_OUT) and time.monotonic() < deadline:
-                    retry.append(topic)
+                if error.retriable() or error.code() == KafkaError._TIMED_OUT:
+                    again.append((topic, error))
                     continue
                 raise ConfigError(f"cannot create internal topic {topic.topic!r}: {error}") from e
-        pending = retry
-        if pending:
-            time.sleep(0.5)
+        pending = [topic for topic, _ in again]
+        if again:
+            raise _NotCreatedYet(*again[0])
+
+    try:
+        retry(create, retriable=lambda e: isinstance(e, _NotCreatedYet), backoff=Backoff(0.5, 1.0), within_s=timeout_s)
+    except _NotCreatedYet as e:
+        raise ConfigError(f"cannot create internal topic {e.topic.topic!r}: {e.error}") from None
+
+
+class _NotCreatedYet(Exception):
+    """A retriable failure to create a topic (controller moving or still starting): tried again."""
+
+    def __init__(self, topic: NewTopic, error: KafkaError) -> None:
+        super().__init__(f"{topic.topic}: {error}")
+        self.topic, self.error = topic, error

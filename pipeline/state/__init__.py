@@ -7,10 +7,14 @@ snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one
 snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
 snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
                     running pipeline (SNAPSHOT_ON_SHUTDOWN)
-restore.py          restore = newest complete snapshot + changelog since, stepped between polls (RestoreManager)
-timers.py           TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
+restore.py          one partition's restore = newest complete snapshot + changelog since (ChangelogRestore)
+restore_manager.py  every restore of one runner, stepped between polls within one budget (RestoreManager)
+timed.py            TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
                     travel with the state (changelog, snapshots, restore, compaction)
 versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore
+tables.py           tables as `process` reads them (TableView), and a co-partitioned table's undoable store
+table_restore.py    a task's co-partitioned tables rebuilt from their own topics
+global_tables.py    global tables: read whole before the group is joined, then followed
 """
 
 from pipeline.state.store import PartitionState

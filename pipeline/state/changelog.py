@@ -46,7 +46,9 @@ class Checkpoint:
         return orjson.dumps(fields)
 
     @staticmethod
-    def decode(value: bytes) -> Checkpoint:
+    def decode(value: bytes | None) -> Checkpoint:
+        if value is None:
+            raise ValueError("a checkpoint record without a value")
         fields = orjson.loads(value)
         return Checkpoint(
             fields["topic"],
@@ -67,4 +69,4 @@ def order_runs(order: str) -> list[tuple[int, int]]:
 
 
 def is_checkpoint(key: bytes | None, headers: list[tuple[str, bytes]] | None) -> bool:
-    return key == CHECKPOINT_KEY and bool(headers) and CHECKPOINT_HEADER in headers
+    return key == CHECKPOINT_KEY and headers is not None and CHECKPOINT_HEADER in headers

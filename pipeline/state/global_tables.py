@@ -99,7 +99,7 @@ class GlobalTables:
         while not reader.done:
             if time.monotonic() > deadline:
                 raise ReadToEndTimeout(reader.topic, reader.stuck())
-            batch = cast(list[Consumed], reader.step())  # a TailReader hands on records only
+            batch = reader.step()  # a TailReader hands on records only
             table.apply(batch)
             table.restored_records += len(batch)
             if time.monotonic() >= report_at:

@@ -24,7 +24,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
@@ -36,6 +36,7 @@ from pipeline.kafka.offsets import (
     high_watermarks,
     low_watermarks,
 )
+from pipeline.kafka.records import Consumed
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_KEY_STR = CHECKPOINT_KEY.decode()
 PROGRESS_EVERY_S = 2.0
 MAX_RESTARTS = 3
+# Message's own C methods, typed for a changelog record (which always has a key): mapped over a batch, no Python loop.
+_key = cast(Callable[[Consumed], bytes], Message.key)
+_value = cast(Callable[[Consumed], bytes | None], Message.value)
 
 
 class RestoreError(RuntimeError):
@@ -172,6 +176,7 @@ class ChangelogRestore:
 
     def _step_scan(self, budget_s: float) -> None:
         scan = self._scan
+        assert scan is not None  # phase SCAN reads a scan (_begin)
         scan.step(budget_s)
         self.snapshot_records = scan.records
         found = scan.next_candidate()
@@ -184,7 +189,7 @@ class ChangelogRestore:
                 return
             if manifest.changelog_offset < self.changelog_start:
                 self._refuse_truncated(manifest)
-            self._load = ChunkLoad(self._checked, self.snapshot_topic, self.partition, offset, manifest)
+            self._load = ChunkLoad(self._checked, scan.topic, self.partition, offset, manifest)
             self.phase = RestorePhase.LOAD
             self._prefetch(manifest.changelog_offset)
         elif scan.exhausted:
@@ -192,6 +197,7 @@ class ChangelogRestore:
 
     def _step_load(self, budget_s: float) -> None:
         load = self._load
+        assert load is not None  # phase LOAD reads a load (_step_scan)
         load.step(budget_s)
         if not load.done:
             return
@@ -242,9 +248,11 @@ class ChangelogRestore:
 
     def _step_tail(self, budget_s: float) -> None:
         until = time.monotonic() + budget_s
-        while not self._reader.done and time.monotonic() < until:
-            self._apply(self._reader.step(timeout_s=min(0.05, budget_s)))
-        if self._reader.done:
+        reader = self._reader
+        assert reader is not None  # phase TAIL reads a reader (_start_tail)
+        while not reader.done and time.monotonic() < until:
+            self._apply(reader.step(timeout_s=min(0.05, budget_s)))
+        if reader.done:
             self.phase = RestorePhase.DONE
             self.tail_seconds = time.monotonic() - self.started - self.snapshot_seconds
 
@@ -327,14 +335,14 @@ class ChangelogRestore:
             f"({source}) and {self.records} changelog records in {self.seconds:.2f}s"
         )
 
-    def _apply(self, messages: list[Message]) -> None:
+    def _apply(self, messages: list[Consumed]) -> None:
         if not messages:
             return
-        keys = list(map(Message.key, messages))
+        keys = list(map(_key, messages))
         marks = _positions(keys, CHECKPOINT_KEY)
         if all(is_checkpoint(CHECKPOINT_KEY, messages[i].headers()) for i in marks):
             # The usual batch: C-level loops only. Last write per key wins, as in the changelog's order.
-            batch = dict(zip(map(bytes.decode, keys), map(Message.value, messages), strict=True))
+            batch = dict(zip(map(bytes.decode, keys), map(_value, messages), strict=True))
             if marks:
                 del batch[CHECKPOINT_KEY_STR]
                 self.last_checkpoint = Checkpoint.decode(messages[marks[-1]].value())
@@ -345,7 +353,7 @@ class ChangelogRestore:
                 if is_checkpoint(m.key(), m.headers()):
                     self.last_checkpoint = Checkpoint.decode(m.value())
                 else:
-                    entries.append((m.key().decode(), m.value()))
+                    entries.append((_key(m).decode(), m.value()))
             self.state.load(entries)
         self.records += len(messages)
 
@@ -353,7 +361,7 @@ class ChangelogRestore:
         if time.monotonic() <= self._next_progress:
             return
         self._next_progress += PROGRESS_EVERY_S
-        if self.phase is RestorePhase.TAIL:
+        if self.phase is RestorePhase.TAIL and self._reader is not None:
             log.info(
                 "restoring p%d: %d snapshot entries, %d changelog records, position %d of %d",
                 self.partition,
@@ -371,11 +379,11 @@ class ChangelogRestore:
             )
 
     def _stuck(self) -> str:
-        if self.phase is RestorePhase.SCAN:
+        if self.phase is RestorePhase.SCAN and self._scan is not None:
             return f"{self.snapshot_topic}: {self._scan.stuck()}"
-        if self.phase is RestorePhase.LOAD:
+        if self.phase is RestorePhase.LOAD and self._load is not None:
             return f"{self.snapshot_topic}: loading chunks of {self._load.manifest.snapshot_id}"
-        return f"{self.topic}: {self._reader.stuck()}"
+        return f"{self.topic}: {self._reader.stuck() if self._reader is not None else 'no read pending'}"
 
     def _verify_checkpoint(self) -> None:
         if self.last_checkpoint is not None:
@@ -413,7 +421,7 @@ class ChangelogRestore:
         return checkpoint.next_input_offset
 
 
-def _positions(items: list, value: object) -> list[int]:
+def _positions(items: list[bytes], value: bytes) -> list[int]:
     """Indexes of `value` in `items`, found by list.index (C) rather than a Python loop over every item."""
     found, i = [], -1
     for _ in range(items.count(value)):

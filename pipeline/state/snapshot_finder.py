@@ -20,10 +20,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Message
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.offsets import TailReader, low_watermarks, stable_end_offsets
+from pipeline.kafka.offsets import Reading, TailReader, low_watermarks, stable_end_offsets
+from pipeline.kafka.records import Consumed
 from pipeline.state.snapshot_format import (
     FORMAT_VERSION,
     ChunkSet,
@@ -51,7 +51,7 @@ def snapshot_bounds(
 class ManifestScan:
     def __init__(
         self,
-        consumer: Consumer,
+        consumer: Reading,
         topic: str,
         partition: int,
         low: int,
@@ -69,7 +69,7 @@ class ManifestScan:
         self.records = 0
         self._window = FIRST_WINDOW
         self._reader: TailReader | None = None
-        self._found: list[tuple[int, Manifest]] = []
+        self._found: list[tuple[int, bytes]] = []  # (offset, value) of the manifest records in the window
         self._on_skip = on_skip or (
             lambda offset, why: log.warning("%s[%d]@%d: manifest skipped: %s", topic, partition, offset, why)
         )
@@ -98,7 +98,7 @@ class ManifestScan:
             ):
                 self.records += 1
                 if is_manifest(m.headers()):
-                    self._found.append((m.offset(), m.value()))
+                    self._found.append((m.offset(), m.value() or b""))  # no value: unreadable, skipped below
             if self._reader.done:
                 self._reader = None
                 self.scanned_from = self._window_start
@@ -119,7 +119,7 @@ class ManifestScan:
 
 
 def scan_all(
-    consumer: Consumer,
+    consumer: Reading,
     topic: str,
     partition: int,
     low: int,
@@ -138,8 +138,8 @@ def scan_all(
                 f"({scan.stuck()}); is a transaction on it stuck open?"
             )
         scan.step(0.5)
-        while scan.candidates:
-            found.append(scan.next_candidate())
+        while (candidate := scan.next_candidate()) is not None:
+            found.append(candidate)
     scan.candidates = found
     return scan
 
@@ -169,9 +169,7 @@ def precheck(
 class ChunkLoad:
     """Reads and verifies the chunks of one manifest into a dict, in steps."""
 
-    def __init__(
-        self, consumer: Consumer, topic: str, partition: int, manifest_offset: int, manifest: Manifest
-    ) -> None:
+    def __init__(self, consumer: Reading, topic: str, partition: int, manifest_offset: int, manifest: Manifest) -> None:
         self.manifest = manifest
         self.manifest_offset = manifest_offset
         self.partition = partition
@@ -196,8 +194,9 @@ class ChunkLoad:
                 if is_chunk(m.headers()):
                     self._chunk(m)
 
-    def _chunk(self, m: Message) -> None:
-        chunk = self._chunks.read(m.value(), f"offset {m.offset()}")
+    def _chunk(self, m: Consumed) -> None:
+        # A chunk record without a value is not a chunk: b"" makes it one more unreadable chunk (CorruptChunk).
+        chunk = self._chunks.read(m.value() or b"", f"offset {m.offset()}")
         if chunk is not None:
             self.entries.update(zip(chunk.keys, chunk.values, strict=True))
 

@@ -76,6 +76,7 @@ the previous generation (the package snapshots/ says who deletes what, and why i
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import struct
 import sys
@@ -85,7 +86,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import accumulate, islice
-from typing import NamedTuple
+from typing import AnyStr
 
 import orjson
 
@@ -147,11 +148,12 @@ class Manifest:
     # Several inputs (docs/inputs.md): the next offset of every co-partitioned topic it covers; None for one input.
     input_offsets: dict[str, int | None] | None = None
 
-    def encode(self) -> bytes:
+    # `builtins.bytes`: in this class body, `bytes` names the field above.
+    def encode(self) -> builtins.bytes:
         return orjson.dumps({"type": "eos-snapshot-manifest", **asdict(self)})
 
     @staticmethod
-    def decode(value: bytes) -> Manifest:
+    def decode(value: builtins.bytes) -> Manifest:
         try:
             fields = orjson.loads(value)
             if fields.pop("type", None) != "eos-snapshot-manifest":
@@ -170,11 +172,11 @@ def manifest_checksum(chunk_crcs: Sequence[int]) -> int:
 
 
 def is_chunk(headers: list[tuple[str, bytes]] | None) -> bool:
-    return bool(headers) and CHUNK_HEADER in headers
+    return headers is not None and CHUNK_HEADER in headers
 
 
 def is_manifest(headers: list[tuple[str, bytes]] | None) -> bool:
-    return bool(headers) and MANIFEST_HEADER in headers
+    return headers is not None and MANIFEST_HEADER in headers
 
 
 def chunk_key(sid: str, index: int) -> bytes:
@@ -283,7 +285,7 @@ def decode_chunk(value: bytes) -> tuple[str, int, list[str], list[bytes], int]:
     return sid.hex(), index, keys, values, crc
 
 
-def _pieces(blob, sep, lengths: array | None, n: int) -> list:
+def _pieces(blob: AnyStr, sep: AnyStr, lengths: array[int] | None, n: int) -> list[AnyStr]:
     if n == 0:
         return []
     if lengths is None:
@@ -295,7 +297,8 @@ def _pieces(blob, sep, lengths: array | None, n: int) -> list:
 
 
 # -- verifying -----------------------------------------------------------------------------------------------------
-class Chunk(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Chunk:
     index: int
     keys: list[str]
     values: list[bytes]

@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterable, Mapping
+from _collections_abc import dict_items  # the type of dict.items() (collections.abc does not name it)
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -56,7 +58,7 @@ class _Deliveries:
         if error is not None:
             self.errors.append(str(error))
         else:
-            self.offsets.append(message.offset())
+            self.offsets.append(cast(int, message.offset()))  # a delivered record has its offset
 
 
 def emit_chunks(
@@ -164,7 +166,7 @@ def write_snapshot(
     """Produces the snapshot of `entries` (sorted here: chunks are deterministic) covering the changelog below
     `changelog_offset` into the open transaction and returns its manifest. The caller commits. `entries` must not
     be empty (an empty state needs no snapshot: its changelog fold is empty too)."""
-    if isinstance(entries, ItemsView):  # a state's own view (PartitionState.encoded_items): its keys are sorted,
+    if isinstance(entries, dict_items):  # a state's own view (PartitionState.encoded_items): its keys are sorted,
         # 8 bytes each, not a list of (key, value) tuples (72 bytes each: +650 MB at shutdown for 9 M keys)
         mapping = entries.mapping
         keys = sorted(mapping)

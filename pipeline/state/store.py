@@ -11,14 +11,20 @@ Two undo logs hold the value each touched key had before:
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final, cast
 
-from pipeline.app import State
-from pipeline.serde import JSON, Serde
+from pipeline.app import CodeError, State, StateTimers
+from pipeline.serde import JSON, Serde, SerdeError
 
-_MISSING = object()
+
+class _Missing(enum.Enum):  # an enum member rather than object(): `is _MISSING` then narrows the type
+    MISSING = enum.auto()
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 class PartitionState(State):
@@ -31,6 +37,11 @@ class PartitionState(State):
         self._before_txn: dict[str, Any] = {}
         self._before_record: dict[str, Any] = {}
         self._first_touched_in_record: list[str] = []
+
+    @property
+    def timers(self) -> StateTimers:
+        """An App without timers has none: scheduling one is a mistake that would fail every record."""
+        raise CodeError("process", "uses state.timers, but the App has no on_timer", "give the App on_timer=...")
 
     # -- the mapping the user sees ------------------------------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -46,6 +57,8 @@ class PartitionState(State):
         if value is None:
             raise ValueError("None cannot be stored as a state value (it is the tombstone); use `del state[key]`")
         encoded = self._serde.serialize(value)
+        if encoded is None:  # None is the tombstone: storing it would delete the key from the changelog
+            raise SerdeError(f"the state serde encoded a {type(value).__name__} as None")
         self._remember(key)
         self._data[key] = encoded
 
@@ -110,7 +123,7 @@ class PartitionState(State):
                 # key at once, +30 bytes per key at the peak of a big restore (tools/bench/big_state.py).
                 self._data = data = entries
             else:
-                data.update(entries)
+                data.update(cast(Mapping[str, bytes], entries))  # the None values are taken out just below
             if None in entries.values():
                 for key in [key for key, value in entries.items() if value is None]:
                     del data[key]

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from heapq import heapify, heappop, heappush
 from typing import Any, NamedTuple
 
-from pipeline.app import CLOCKS, App, Timer
-from pipeline.serde import JSON, Serde
+from pipeline.app import CLOCKS, App, CodeError, Migrate, Timer
+from pipeline.serde import JSON, Serde, SerdeError
 from pipeline.state.store import PartitionState
-from pipeline.state.versions import VERSION_KEY, Migrate, current_value, refuse_newer, tag
+from pipeline.state.versions import VERSION_KEY, current_value, refuse_newer, tag
 
 RESERVED = "__eos."
 STREAM_TIME_KEY = "__eos.stream_time"
@@ -84,17 +84,23 @@ class TimedState(PartitionState):
         migrate: Migrate | None = None,
     ) -> None:
         super().__init__(serde)
-        self.timers = Timers(self)
+        self._timers = Timers(self)
+        self.fires = True  # False: an App without on_timer (TTL or a state version only), which cannot schedule
         self.ttl_ms, self.ttl_clock, self.wall_clock = ttl_ms, ttl_clock, wall_clock
         self.version, self.migrate = version, migrate
         self.stream_time_ms: int | None = None
         self._queues: dict[str, list[tuple[int, str]]] = {clock: [] for clock in CLOCKS}
         self._queued: dict[str, int] = {}  # reserved key -> the earliest due time queued for it
 
+    @property
+    def timers(self) -> Timers:
+        """`state.timers`: schedule and cancel this partition's timers."""
+        return self._timers
+
     @staticmethod
     def of(app: App, wall_clock: Callable[[], int] = wall_clock_ms) -> TimedState:
         cls = WallTtlState if app.state_ttl_ms is not None and app.state_ttl_clock == "wall" else TimedState
-        return cls(
+        state = cls(
             app.state_serde,
             ttl_ms=app.state_ttl_ms,
             ttl_clock=app.state_ttl_clock,
@@ -102,6 +108,8 @@ class TimedState(PartitionState):
             version=app.state_version,
             migrate=app.migrate,
         )
+        state.fires = app.on_timer is not None
+        return state
 
     def adopt(self, restored: PartitionState, where: str = "state") -> TimedState:
         """Takes over the entries of a restored PartitionState (no copy), migrates values written at an older state
@@ -128,7 +136,7 @@ class TimedState(PartitionState):
         for key, value in super().changes():
             yield key, value if value is None or key.startswith(RESERVED) else tag(version, value)
 
-    def encoded_items(self) -> Iterator[tuple[str, bytes]]:
+    def encoded_items(self) -> Iterable[tuple[str, bytes]]:
         version = self.version
         if version == 1:
             return super().encoded_items()
@@ -291,6 +299,12 @@ class WallTtlState(TimedState):
         return isinstance(key, str) and not self._expired(key) and super().__contains__(key)
 
 
+def _clock(clock: str) -> str:
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
+    return clock
+
+
 class Timers:
     """`state.timers`: schedule and cancel this partition's timers from `process` or `on_timer`. Each change is part
     of the current record's unit of work: undone with it if it fails, committed with its outputs."""
@@ -304,13 +318,19 @@ class Timers:
         if not isinstance(key, str) or clock not in CLOCKS:
             raise ValueError(f"a timer needs a str key and a clock in {CLOCKS}, not {key!r}, {clock!r}")
         state = self._state
-        state._put(TIMER_PREFIXES[clock] + key, int(at_ms), b"" if payload is None else state._serde.serialize(payload))
+        if not state.fires:
+            raise CodeError("process", "schedules a timer, but the App has no on_timer", "give the App on_timer=...")
+        encoded = b"" if payload is None else state._serde.serialize(payload)
+        if encoded is None:  # b"" is "no payload": a payload encoded as None would be lost
+            raise SerdeError(f"the state serde encoded a timer payload {type(payload).__name__} as None")
+        state._put(TIMER_PREFIXES[clock] + key, int(at_ms), encoded)
 
     def cancel(self, key: str, clock: str = "stream") -> bool:
         """Deletes timer (clock, key); False if there was none."""
-        return self._state._drop(TIMER_PREFIXES[clock] + key)
+        return self._state._drop(TIMER_PREFIXES[_clock(clock)] + key)
 
     def get(self, key: str, clock: str = "stream") -> Timer | None:
+        _clock(clock)
         due = self._state.pending(clock, key)
         if due is None:
             return None
@@ -318,7 +338,7 @@ class Timers:
 
     def __iter__(self) -> Iterator[Timer]:
         """Every pending timer, in firing order per clock (stream, then wall). A scan of the state: for tests."""
-        found = []
+        found: list[Timer] = []
         for clock, prefix in TIMER_PREFIXES.items():
             keys = [key[len(prefix) :] for key in self._state._data if key.startswith(prefix)]
             found.extend(timer for key in keys if (timer := self.get(key, clock)) is not None)

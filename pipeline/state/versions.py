@@ -69,4 +69,13 @@ def current_value(stored: bytes, current: int, serde: Serde, migrate: Migrate | 
         raise StateVersionError(
             f"state key {key!r} was written at state version {version}; the App is at {current} but has no migrate"
         )
-    return serde.serialize(migrate(version, serde.deserialize(payload)))
+    value = migrate(version, serde.deserialize(payload))
+    if value is None:
+        raise StateVersionError(
+            f"migrate({version}, value of state key {key!r}) returned None: return the value as state version "
+            f"{current} reads it (a state value cannot be None)"
+        )
+    migrated = serde.serialize(value)
+    if migrated is None:  # None is the tombstone: a state holds no None value
+        raise StateVersionError(f"state key {key!r}: migrate({version}, value) gave a value the serde encodes as None")
+    return migrated

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.loading import load_app
+from pipeline.settings import Settings
 from pipeline.testing import postgres_checker, soak
 from pipeline.testing.faults import (
     FAULTS,
@@ -59,14 +60,20 @@ def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
     return "\n".join(lines)
 
 
+def _as_json(fault: Fault, outcome: Outcome) -> dict[str, object]:
+    verdict = outcome.verdict.as_dict() if outcome.verdict else None
+    return {"fault": fault.name, "ok": outcome.ok, "stuck": outcome.stuck, "verdict": verdict}
+
+
 def _sink_and_faults(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
+    parser: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings
 ) -> tuple[postgres_checker.Tables | None, list[str]]:
     """The sink (None: Kafka), chosen as `pipeline run` chooses it, and the faults that apply to it."""
-    try:
-        tables = postgres_checker.chosen_tables(args.sink, args.dsn, None)
-    except ValueError as e:  # ConfigError: SINK=postgres without a DSN, say
-        parser.error(str(e))
+    tables = (
+        postgres_checker.Tables(settings.postgres_dsn, settings.postgres_schema)
+        if settings.sink == "postgres"
+        else None
+    )
     applicable = [n for n in PROCESS_FAULTS if not (tables and n in KAFKA_ONLY_FAULTS)]
     names = (args.faults.split(",") if args.faults else applicable) + (
         ["broker-kill", "broker-pause"] if args.cluster else []
@@ -79,12 +86,10 @@ def _sink_and_faults(
     return tables, names
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pipeline chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_arguments(parser: argparse.ArgumentParser, common: argparse.ArgumentParser | None = None) -> None:
+    """`pipeline chaos`'s own options (the settings' ones come from pipeline/commands.py)."""
+    parser.set_defaults(command=run, parser=parser)
     parser.add_argument("app", help="MODULE:ATTR of your App")
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument(
         "--faults",
         help=f"comma-separated, from: {', '.join(FAULTS)} (default: every process fault that applies to the sink)",
@@ -109,23 +114,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--log-dir", default=".run/chaos")
     parser.add_argument("--json", action="store_true", help="also print the verdicts as JSON")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
+    """`python -m pipeline.testing.chaos MODULE:ATTR ...`, as `pipeline chaos`."""
+    from pipeline.commands import common_options, complete, run_command
 
+    common = common_options()
+    parser = argparse.ArgumentParser(
+        prog="pipeline chaos",
+        description=__doc__,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser, common)
+    return run_command("pipeline chaos", run, complete(parser.parse_args(argv)))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The fault runs on fresh topics of their own (each with its own app id); the broker, the sink and the
+    client properties are the settings `pipeline run` reads."""
+    from pipeline.commands import settings_of
+    from pipeline.kafka.connect import connect_check
+
+    parser: argparse.ArgumentParser = args.parser
+    app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
+    settings = settings_of(args, sink=args.sink, postgres_dsn=args.dsn)
     profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
-    tables, names = _sink_and_faults(parser, args)
+    tables, names = _sink_and_faults(parser, args, settings)
     if args.profile == "soak":
         rotation = tuple(n for n in names if n in soak.ROTATION)
         if args.cluster or not rotation:
             parser.error(f"--profile soak rotates process faults ({', '.join(soak.ROTATION)}) on one broker")
-        profile = soak.SoakProfile(args.records, args.minutes, rotation=rotation)
-        return soak.main(app, args.app, args.bootstrap_servers, args.seed, Path(args.log_dir), profile)
-    bootstrap, replication = args.bootstrap_servers, 1
+        soak_profile = soak.SoakProfile(args.records, args.minutes, rotation=rotation)
+        connect_check(settings)
+        return soak.main(app, args.app, settings.bootstrap_servers, args.seed, Path(args.log_dir), soak_profile)
+    records = seed_records(app, profile, args.seed, None)  # before any broker: an App without `generate` fails now
+    bootstrap, replication = settings.bootstrap_servers, 1
     if args.cluster:
         subprocess.run([str(KAFKA_SH), "--cluster", "start"], check=True)
         bootstrap = subprocess.run(
@@ -134,8 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         replication = 3
     elif any(FAULTS[n].needs_cluster for n in names):
         parser.error("broker faults need --cluster")
-
-    records = seed_records(app, profile, args.seed, None)
+    else:
+        connect_check(settings)  # an unreachable broker: one error within CONNECT_TIMEOUT_MS
     rows = []
     for name in dict.fromkeys(names):
         started = time.monotonic()
@@ -157,17 +182,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(outcome.logs[-4000:], file=sys.stderr)
     print(report(rows))
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "fault": f.name,
-                        "ok": o.ok,
-                        "stuck": o.stuck,
-                        "verdict": o.verdict.as_dict() if o.verdict else None,
-                    }
-                    for f, o, _ in rows
-                ]
-            )
-        )
+        print(json.dumps([_as_json(f, o) for f, o, _ in rows]))
     return 0 if all(o.ok for _, o, _ in rows) else 1

@@ -11,7 +11,6 @@ any Kafka client or runtime code. This module ties them together: `verify(app, b
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,8 +19,10 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from pipeline.app import App
+from pipeline.kafka.acls import Names
 from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout
 from pipeline.loading import load_app
+from pipeline.settings import Settings
 from pipeline.testing import postgres_checker
 from pipeline.testing.drain import Topics, drain_run
 from pipeline.testing.oracle import Verdict, check
@@ -57,58 +58,85 @@ def verify(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`pipeline verify MODULE:ATTR --bootstrap-servers ...`: 0 if exactly-once holds, 1 if not, 2 if the run
-    could not be checked (a topic not readable to its end, the broker not answering, a bad app path)."""
-    args = _parser().parse_args(_without_command(argv if argv is not None else sys.argv[1:]))
+    """`python -m pipeline.testing.checker MODULE:ATTR ...`, as `pipeline verify`."""
+    from pipeline.commands import common_options, complete, run_command
+
+    common = common_options()
+    parser = argparse.ArgumentParser(
+        prog="pipeline verify",
+        description=__doc__,
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser, common)
+    args = complete(parser.parse_args(_without_command(argv if argv is not None else sys.argv[1:])))
+    return run_command("pipeline verify", run, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 if exactly-once holds, 1 if not, 2 if the run could not be checked (a topic not readable to its end, the
+    broker not answering, a bad app path or setting). The run's names come from the settings `pipeline run` reads
+    (PIPELINE_APP_ID, --config, ...): the same app id, group, changelog and dead-letter topic."""
+    from pipeline.commands import kafka_text, names_of, settings_of
+    from pipeline.core.configure import configured
+    from pipeline.kafka.clients import client_config
+    from pipeline.kafka.connect import connect_check
+
+    app = load_app(args.app)
+    settings = settings_of(
+        args,
+        input_topic=args.input_topic,
+        output_topic=args.output_topic,
+        topic_suffix=args.topic_suffix,
+        dead_letter_topic=args.dead_letter_topic,
+        changelog_topic=args.changelog_topic,
+        sink=args.sink,
+        postgres_dsn=args.dsn,
+        postgres_schema=args.schema,
+    )
+    app = configured(app, settings)
+    names = names_of(app, settings)
+    connect_check(settings)  # an unreachable broker: one error within CONNECT_TIMEOUT_MS
+    extra = {k: v for k, v in client_config(settings).items() if k != "bootstrap.servers"}
     try:
-        suffix = args.topic_suffix if args.topic_suffix is not None else os.environ.get("PIPELINE_TOPIC_SUFFIX", "")
-        app = load_app(args.app).with_topic_suffix(suffix)
-        tables = postgres_checker.chosen_tables(args.sink, args.dsn, args.schema, args.config)
-        verdict = (
-            postgres_checker.verify_tables(
-                app,
-                args.bootstrap_servers,
-                tables.dsn,
-                schema=tables.schema,
-                input_topic=args.input_topic,
-                app_id=args.group_id,
-                timeout_s=args.timeout,
-            )
-            if tables
-            else verify(
-                app,
-                args.bootstrap_servers,
-                input_topic=args.input_topic,
-                output_topic=args.output_topic,
-                dead_letter_topic=args.dead_letter_topic,
-                changelog_topic=args.changelog_topic,
-                group_id=args.group_id,
-                timeout_s=args.timeout,
-            )
-        )
-    except (
-        ReadToEndTimeout,
-        EndOffsetsTimeout,
-        KafkaException,
-        LookupError,
-        ValueError,
-        TypeError,
-        psycopg.Error,
-    ) as e:
-        print(f"pipeline verify: could not check: {e}", file=sys.stderr)
+        verdict = _verdict(app, settings, names, extra, args.timeout)
+    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, psycopg.Error) as e:
+        print(f"pipeline verify: could not check: {kafka_text(e)}", file=sys.stderr)
         return 2
     print(verdict.to_json() if args.json else verdict.summary())
     return 0 if verdict.ok else 1
+
+
+def _verdict(app: App, settings: Settings, names: Names, extra: dict[str, Any], timeout_s: float) -> Verdict:
+    if settings.sink == "postgres":
+        return postgres_checker.verify_tables(
+            app,
+            settings.bootstrap_servers,
+            settings.postgres_dsn,
+            schema=settings.postgres_schema,
+            input_topic=app.input_topic,
+            app_id=names.app_id,
+            timeout_s=timeout_s,
+            extra_config=extra,
+        )
+    return verify(
+        app,
+        settings.bootstrap_servers,
+        dead_letter_topic=names.dead_letters,
+        changelog_topic=names.changelog,
+        group_id=names.app_id,
+        timeout_s=timeout_s,
+        extra_config=extra,
+    )
 
 
 def _without_command(argv: Sequence[str]) -> list[str]:
     return list(argv[1:]) if argv and argv[0] == "verify" else list(argv)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline verify", description="Check a finished run for exactly-once.")
+def add_arguments(parser: argparse.ArgumentParser, common: argparse.ArgumentParser | None = None) -> None:
+    """`pipeline verify`'s own options (the settings' ones come from pipeline/commands.py)."""
     parser.add_argument("app", help="the App by import path, e.g. pipeline.examples.running_totals:app")
-    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--input-topic", help="the input of a one-input App, if the run renamed it")
     parser.add_argument(
         "--topic-suffix",
@@ -117,23 +145,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-topic")
     parser.add_argument("--dead-letter-topic")
     parser.add_argument("--changelog-topic")
-    parser.add_argument(
-        "--group-id", help="the app id (consumer group; the PostgreSQL rows' app_id); default: the app's name"
-    )
+    parser.add_argument("--group-id", dest="app_id", default=argparse.SUPPRESS, help="the same as --app-id")
     parser.add_argument(
         "--sink",
         choices=["kafka", "postgres"],
         help="where the run wrote: default PIPELINE_SINK, as for `pipeline run` (else kafka)",
     )
-    parser.add_argument(
-        "--config",
-        help="TOML config file (PIPELINE_CONFIG_FILE), as for `pipeline run`: the sink, POSTGRES_DSN, POSTGRES_SCHEMA",
-    )
     parser.add_argument("--dsn", help="PostgreSQL sink: the database (default PIPELINE_POSTGRES_DSN)")
     parser.add_argument("--schema", help="PostgreSQL sink: the schema (default PIPELINE_POSTGRES_SCHEMA, else public)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per drain (default 60)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    return parser
+    parser.set_defaults(command=run)
 
 
 if __name__ == "__main__":

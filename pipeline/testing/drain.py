@@ -194,10 +194,10 @@ class Observer:
             consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._partitions])
             while not self._stopping.is_set():
                 for message in consumer.consume(num_messages=1000, timeout=0.2):
-                    if message.error() is None:
+                    if (error := message.error()) is None:
                         self.records.append(_detach(message))
-                    elif message.error().fatal():
-                        self.errors.append(str(message.error()))
+                    elif error.fatal():
+                        self.errors.append(str(error))
                         return
         finally:
             consumer.close()

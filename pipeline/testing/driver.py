@@ -8,6 +8,8 @@ TopologyTestDriver for this template). Runs in milliseconds.
     driver.state(), driver.timers(), driver.stream_time()    # partition 0's, by default
     driver.crash()                                           # open transactions lost, state restored
     driver.verify()                                          # the checker's verdict over everything so far
+`strict=True` (the pytest plugin's default): a state value changed in place but not assigned back is an error, and
+a stop raises at the call (pipeline/testing/strict.py). A partition the driver does not have is refused.
 
 Each record goes through `KafkaTask.process` and each commit through `commit_transaction`, the code the Kafka
 runner runs (pipeline/sinks/kafka/), against in-memory clients (pipeline/testing/memory.py) whose transactions
@@ -31,7 +33,7 @@ from pipeline import settings as settings_module
 from pipeline.app import App, Timer
 from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
-from pipeline.core.processing import PoisonRecordStop
+from pipeline.core.processing import PoisonRecordStop, log_stop
 from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.inputs import MultiInputTask
@@ -45,6 +47,7 @@ from pipeline.state.timed import TimedState
 from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
 from pipeline.testing.oracle.records import KafkaRecord
+from pipeline.testing.strict import watched
 
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
 
@@ -56,7 +59,9 @@ class Produced(NamedTuple):
     value: Any
     topic: str
     partition: int
-    source: tuple[int, int] | None  # the input record (partition, offset) it came from; None for a timer's
+    # The input record it came from: (partition, offset), with the input's index for another than the first input
+    # (several inputs); None for a timer's.
+    source: tuple[int, int] | tuple[int, int, int] | None
     timer: TimerSource | None  # the timer firing it came from; None for a record's
 
 
@@ -64,9 +69,17 @@ class AppDriver:
     __test__ = False  # pytest: not a test class
 
     def __init__(
-        self, app: App, *, partitions: int = 1, wall_clock_ms: int = 0, auto_commit: bool = True, **settings: Any
+        self,
+        app: App,
+        *,
+        partitions: int = 1,
+        wall_clock_ms: int = 0,
+        auto_commit: bool = True,
+        strict: bool = False,
+        **settings: Any,
     ) -> None:
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
+        self.strict = strict
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
         self.settings = settings_module.load(
             env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0, **settings}
@@ -81,7 +94,7 @@ class AppDriver:
             self.broker.create(topic, partitions)
         self.consumer = MemoryConsumer(self.broker)
         self._ctx = KafkaTaskContext(
-            app,
+            self._runtime_app(app),
             self.settings,
             app.name,
             self.input_topic,
@@ -131,7 +144,7 @@ class AppDriver:
         key_bytes = spec.key_serde.serialize(key)
         value_bytes = None if value is None else spec.value_serde.serialize(value)
         if name in self.global_tables:
-            p = partition if partition is not None else zlib.crc32(key_bytes or b"") % self.partitions
+            p = self._partition(partition, key_bytes)
             offset = self.broker.reserve(spec.topic, p)
             ts = self.now_ms if timestamp_ms is None else timestamp_ms
             self.broker.append(spec.topic, KafkaRecord(p, offset, key_bytes, value_bytes, (), ts))
@@ -151,7 +164,7 @@ class AppDriver:
     ) -> list[Produced]:
         """As `send`, with the record's bytes as they are (e.g. a poison record)."""
         topic = topic or self.input_topic
-        p = partition if partition is not None else zlib.crc32(key or b"") % self.partitions
+        p = self._partition(partition, key)
         offset = self.broker.reserve(topic, p)
         ts = self.now_ms if timestamp_ms is None else timestamp_ms
         self.broker.append(topic, KafkaRecord(p, offset, key, value, tuple(headers), ts))
@@ -171,7 +184,7 @@ class AppDriver:
         topic = topic or self.input_topic
         spec: Any = next((t for t in self.app.table_specs.values() if t.topic == topic), None) or self.app.stream(topic)
         key_bytes = spec.key_serde.serialize(key)
-        p = partition if partition is not None else zlib.crc32(key_bytes or b"") % self.partitions
+        p = self._partition(partition, key_bytes)
         ts = self.now_ms if timestamp_ms is None else timestamp_ms
         value_bytes = None if value is None else spec.value_serde.serialize(value)
         self.broker.append(topic, KafkaRecord(p, self.broker.reserve(topic, p), key_bytes, value_bytes, (), ts))
@@ -208,7 +221,7 @@ class AppDriver:
         """New code takes over every partition, as a deploy that stops the old processes hard: open transactions are
         lost; the state is restored from the changelog (and migrated, for a new state version)."""
         self.app = app
-        self._ctx = replace(self._ctx, app=app)
+        self._ctx = replace(self._ctx, app=self._runtime_app(app))
         self.crash()
 
     def crash(self, partition: int | None = None) -> None:
@@ -233,15 +246,15 @@ class AppDriver:
 
     def state(self, partition: int = 0) -> dict[str, Any]:
         """Partition p's state as `process` sees it, decoded (timers and TTL bookkeeping not shown)."""
-        state = self.tasks[partition].state
+        state = self.tasks[self._partition(partition, None)].state
         return {key: state[key] for key in state}
 
     def timers(self, partition: int = 0) -> list[Timer]:
-        state = self.tasks[partition].state
+        state = self.tasks[self._partition(partition, None)].state
         return list(state.timers) if isinstance(state, TimedState) else []
 
     def stream_time(self, partition: int = 0) -> int | None:
-        state = self.tasks[partition].state
+        state = self.tasks[self._partition(partition, None)].state
         return state.stream_time_ms if isinstance(state, TimedState) else None
 
     def committed_offset(self, partition: int = 0) -> int | None:
@@ -272,6 +285,23 @@ class AppDriver:
         return check(self.app, self.run_data())
 
     # -- the runner's part ---------------------------------------------------------------------------------------
+    def _runtime_app(self, app: App) -> App:
+        """The App the tasks run: in strict mode, its functions watched (pipeline/testing/strict.py)."""
+        serde, on_timer = app.state_serde, app.on_timer
+        timer = None if on_timer is None else watched(on_timer, "on_timer", serde)
+        return replace(app, process=watched(app.process, "process", serde), on_timer=timer) if self.strict else app
+
+    def _partition(self, partition: int | None, key: bytes | None) -> int:
+        """The partition asked for, which must exist, or crc32(key) % partitions."""
+        if partition is None:
+            return zlib.crc32(key or b"") % self.partitions
+        if not isinstance(partition, int) or not 0 <= partition < self.partitions:
+            raise ValueError(
+                f"partition {partition!r}: this driver has {self.partitions} partition(s), 0..{self.partitions - 1} "
+                "(AppDriver(app, partitions=N) for more)"
+            )
+        return partition
+
     def _abort_hook(self) -> Callable[[int], bool] | None:
         every = self.settings.test_abort_every  # as the runner: abort every k-th transaction of each partition
         return (lambda n: n % every == 0) if every > 0 else None
@@ -396,9 +426,15 @@ class AppDriver:
         except TransactionAborted:
             abort_and_rewind(task)
         except PoisonRecordStop as e:
-            commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+            try:
+                commit_transaction(task.txn, self.consumer)  # type: ignore[arg-type]
+            except TransactionAborted:  # TEST_ABORT_EVERY: p stops at its last commit instead
+                abort_and_rewind(task)
+            log_stop(task.partition, task.next_offset, e)
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
+            if self.strict:  # the test fails here, not with a missing output later
+                raise
 
     def _decode(self, topic: str, record: KafkaRecord) -> Produced:
         app, headers = self.app, list(record.headers)

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Producer
 
-from pipeline.app import App
+from pipeline.app import App, Generated
 from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import checker, inputs, postgres_checker
 from pipeline.testing.drain import Observer, observe
@@ -29,7 +29,7 @@ from pipeline.testing.harness import (
     set_group_failover,
     wait_caught_up,
 )
-from pipeline.testing.oracle import Verdict, observer_subset_of_final
+from pipeline.testing.oracle import KafkaRecord, Verdict, observer_subset_of_final
 
 ProducedRecord = tuple[int, bytes, bytes]
 KAFKA_SH = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka.sh"  # from a checkout: the repository root
@@ -126,6 +126,7 @@ class FaultRun:
             self._feeder.join(timeout_s)
         if self.tables is not None:
             return self._finish_tables(self.tables, timeout_s)
+        assert self.fleet is not None and self.observer is not None  # start() came first
         lag = wait_caught_up(
             self.bootstrap, self.app_id, self.run_app.co_partitioned, self.partitions, timeout_s, self.client_config
         )
@@ -149,6 +150,7 @@ class FaultRun:
 
     def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
         """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""
+        assert self.fleet is not None  # start() came first
         target = Target(tables.schema, self.app, self.app_id, self.input_topic)
         lag = postgres_checker.wait_caught_up(
             self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s, self.client_config
@@ -180,7 +182,7 @@ class FaultRun:
 class Outcome:
     verdict: Verdict | None  # None: did not converge
     stuck: dict[int, int]  # input partition -> records not committed when the wait ended
-    phantoms: list  # records a concurrent read_committed reader saw that the final drain lacks
+    phantoms: list[KafkaRecord]  # records a concurrent read_committed reader saw that the final drain lacks
     logs: str
 
     @property
@@ -213,35 +215,44 @@ def produce_paced(
 
 
 # -- faults -----------------------------------------------------------------------------------------------------------
+class Instances(Protocol):
+    """What a fault strikes: the live instances, and more started (a Fleet, or the soak's fleet that spares one)."""
+
+    @property
+    def alive(self) -> list[Instance]: ...
+
+    def start(self, count: int = 1) -> list[Instance]: ...
+
+
 @dataclass(frozen=True)
 class Fault:
     """One kind of fault: how often it strikes in a run and what it does to the fleet (or the cluster)."""
 
     name: str
     description: str
-    inject: Callable[[Fleet, random.Random], None]
+    inject: Callable[[Instances, random.Random], None]
     needs_cluster: bool = False
     env: tuple[tuple[str, str], ...] = ()
 
 
-def _victim(fleet: Fleet, rng: random.Random) -> Instance:
+def _victim(fleet: Instances, rng: random.Random) -> Instance:
     return rng.choice(fleet.alive)
 
 
-def _sigkill(fleet: Fleet, rng: random.Random) -> None:
+def _sigkill(fleet: Instances, rng: random.Random) -> None:
     _victim(fleet, rng).kill()
     fleet.start(1)
 
 
-def _sigterm(fleet: Fleet, rng: random.Random) -> None:
+def _sigterm(fleet: Instances, rng: random.Random) -> None:
     exit_code = _victim(fleet, rng).terminate(timeout_s=60)
     if exit_code != 0:
         raise AssertionError(f"SIGTERM: exit code {exit_code}, expected a clean exit")
     fleet.start(1)
 
 
-def _pause(seconds: float) -> Callable[[Fleet, random.Random], None]:
-    def inject(fleet: Fleet, rng: random.Random) -> None:
+def _pause(seconds: float) -> Callable[[Instances, random.Random], None]:
+    def inject(fleet: Instances, rng: random.Random) -> None:
         zombie = _victim(fleet, rng)
         zombie.pause()
         time.sleep(seconds)
@@ -250,14 +261,14 @@ def _pause(seconds: float) -> Callable[[Fleet, random.Random], None]:
     return inject
 
 
-def _scale(fleet: Fleet, rng: random.Random) -> None:
+def _scale(fleet: Instances, rng: random.Random) -> None:
     fleet.start(2)
     time.sleep(rng.uniform(1, 3))
     for instance in fleet.alive[:2]:  # the oldest: their partitions must move
         instance.terminate(timeout_s=60)
 
 
-def _nothing(fleet: Fleet, rng: random.Random) -> None:
+def _nothing(fleet: Instances, rng: random.Random) -> None:
     pass
 
 
@@ -265,14 +276,14 @@ def _kafka_sh(*args: str) -> None:
     subprocess.run([str(KAFKA_SH), "--cluster", *args], check=True, capture_output=True, timeout=180)
 
 
-def _broker_kill(fleet: Fleet, rng: random.Random) -> None:
+def _broker_kill(fleet: Instances, rng: random.Random) -> None:
     node = rng.choice([1, 2, 3])
     _kafka_sh("kill", str(node))
     time.sleep(rng.uniform(2, 5))
     _kafka_sh("restart", str(node))
 
 
-def _broker_pause(fleet: Fleet, rng: random.Random) -> None:
+def _broker_pause(fleet: Instances, rng: random.Random) -> None:
     node = rng.choice([1, 2, 3])
     _kafka_sh("pause", str(node))
     time.sleep(rng.uniform(3, 8))
@@ -321,7 +332,7 @@ def run_fault(
     bootstrap: str,
     profile: Profile,
     seed: int,
-    records: Sequence[ProducedRecord],
+    records: Sequence[Generated],
     log_dir: Path,
     replication: int = 1,
     postgres_dsn: str | None = None,
@@ -342,7 +353,7 @@ def run_fault(
         run.abandon()
 
 
-def seed_records(app: App, profile: Profile, seed: int, replay: Iterable[ProducedRecord] | None) -> list:
+def seed_records(app: App, profile: Profile, seed: int, replay: Iterable[ProducedRecord] | None) -> list[Generated]:
     if replay is not None:
         return list(replay)
     if app.generate is None:

@@ -80,7 +80,7 @@ def _admin(bootstrap: str, config: Mapping[str, Any] | None) -> AdminClient:
 @dataclass
 class Instance:
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
 
     @property
@@ -188,7 +188,7 @@ def committed_offsets(
     partitions: list[int],
     timeout_s: float,
     config: Mapping[str, Any] | None = None,
-) -> dict:
+) -> dict[int, int]:
     """The group's committed offsets; `config`: the client settings of a secured cluster (none for a plain one)."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, **(config or {}), "group.id": group, "enable.auto.commit": False}

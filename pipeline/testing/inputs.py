@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.clients import produce_waiting
 
-ProducedRecord = tuple[int, bytes, bytes]  # (partition, key, value); a 4th item, if any: the timestamp (ms)
+ProducedRecord = tuple[int, bytes, bytes] | tuple[int, bytes, bytes, int]  # (partition, key, value[, timestamp ms])
 
 
 class ProduceError(RuntimeError):

@@ -66,7 +66,13 @@ class TableRun:
     derived_problems: list[str]
 
 
-def read_tables(conn: psycopg.Connection, target: Target) -> tuple[list, list, dict, dict]:
+# The outputs, the dead letters (with their row ids), the state per input partition, p -> (next_offset, epoch).
+TableContents = tuple[
+    list[StoredOutput], list[tuple[int, DeadLetter]], dict[int, dict[str, bytes]], dict[int, tuple[int | None, int]]
+]
+
+
+def read_tables(conn: psycopg.Connection, target: Target) -> TableContents:
     where = (target.app_id, target.input_topic)
     outputs = sink_of(target.app).read_back(conn, target)
     dead = [

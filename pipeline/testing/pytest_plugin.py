@@ -21,9 +21,10 @@ from pipeline.testing.driver import AppDriver
 
 @pytest.fixture
 def pipeline_driver() -> Callable[..., AppDriver]:
-    """AppDriver(app, partitions=1, wall_clock_ms=0, auto_commit=True, **settings) for this test."""
+    """AppDriver(app, partitions=1, wall_clock_ms=0, auto_commit=True, strict=True, **settings) for this test: strict
+    by default (a state value changed in place but not assigned back is an error, a stopped partition raises)."""
 
     def make(app: App, **options: Any) -> AppDriver:
-        return AppDriver(app, **options)
+        return AppDriver(app, **{"strict": True, **options})
 
     return make

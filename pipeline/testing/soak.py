@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from pipeline.app import App
 from pipeline.testing import faults
@@ -148,13 +149,22 @@ class Growth:
 
 
 def _median(samples: Sequence[Sample], attribute: str) -> float:
-    return statistics.median(getattr(s, attribute) for s in samples)
+    return float(statistics.median(getattr(s, attribute) for s in samples))
+
+
+class _Figures(TypedDict):  # what Growth reports of an instance, judged or not
+    name: str
+    lifetime_s: float
+    rss_first: int
+    rss_last: int
+    fds_first: int
+    fds_last: int
 
 
 def judge(series: Series, rule: GrowthRule = GrowthRule()) -> Growth:
     samples = series.samples
     first, last = samples[0], samples[-1]
-    figures = dict(
+    figures = _Figures(
         name=series.name,
         lifetime_s=series.lifetime_s,
         rss_first=first.rss_bytes,
@@ -314,7 +324,7 @@ def report(result: SoakResult) -> str:
     outcome = result.outcome
     verdict = outcome.verdict if outcome else None
     faults = ", ".join(f"{name} {count}" for name, count in result.faults.items())
-    if verdict is not None:
+    if outcome is not None and verdict is not None:
         checked = (
             f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
             f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state, "

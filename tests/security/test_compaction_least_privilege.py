@@ -1,8 +1,9 @@
 """The compaction job on the secured broker as User:compaction with exactly compaction_acls: `snapshots compact`
-with its own clients' SASL/TLS settings (--kafka, librdkafka) and Spark's Kafka source's (--spark-kafka, Java
-client), publishes snapshots the pipeline (User:pipeline, READ on the snapshot topic only) restores from, and a
-second run deletes below the previous generation (DELETE); the checker's verdict over the whole run stays clean.
-Without any one of those ACLs the job must stop at start naming it, having written nothing."""
+with its own clients' SASL/TLS settings (librdkafka: PIPELINE_KAFKA_* and --kafka) and Spark's Kafka source's (Java
+client: PIPELINE_SPARK_KAFKA_* and --spark-kafka), credentials in the environment only, publishes snapshots the
+pipeline (User:pipeline, READ on the snapshot topic only) restores from, and a second run deletes below the previous
+generation (DELETE); the checker's verdict over the whole run stays clean. Without any one of those ACLs the job must
+stop at start naming it, having written nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -27,26 +29,29 @@ TEMPLATE = compaction_acls(Names("APP", "", ""))
 FAIL_FAST_S = 60  # the job's process, Spark's imports included
 
 
-def compaction_arguments(kafka_secure, app_id: str, password: str | None = None, timeout_s: int = 30) -> list[str]:
+def compaction_arguments(kafka_secure, app_id: str, password: str | None = None, timeout_s: int = 30) -> Job:
     """`snapshots compact` for the secured broker: the same principal for the job's librdkafka clients and for
-    Spark's Kafka source, whose Java client takes a JAAS line and a PEM truststore."""
+    Spark's Kafka source, whose Java client takes a JAAS line and a PEM truststore. The credentials go in the
+    environment, the rest on the command line."""
     password = kafka_secure.passwords["compaction"] if password is None else password
+    secrets = {
+        "PIPELINE_KAFKA_SASL_USERNAME": "compaction",
+        "PIPELINE_KAFKA_SASL_PASSWORD": password,
+        "PIPELINE_SPARK_KAFKA_SASL_JAAS_CONFIG": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="compaction" password="{password}";',
+    }
     librdkafka = {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "compaction",
-        "sasl.password": password,
         "ssl.ca.location": kafka_secure.ca_location,
     }
     java = {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-        f'username="compaction" password="{password}";',
         "ssl.truststore.type": "PEM",
         "ssl.truststore.location": kafka_secure.ca_location,
     }
-    return [
+    arguments = [
         "compact",
         "--bootstrap-servers",
         kafka_secure.bootstrap,
@@ -59,18 +64,27 @@ def compaction_arguments(kafka_secure, app_id: str, password: str | None = None,
         *(f"--kafka={k}={v}" for k, v in librdkafka.items()),
         *(f"--spark-kafka={k}={v}" for k, v in java.items()),
     ]
+    return Job(arguments, secrets)
 
 
-def compact(arguments: list[str]) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class Job:
+    arguments: list[str]
+    secrets: dict[str, str]
+
+
+def compact(job: Job) -> subprocess.CompletedProcess[str]:
     """The job as operators run it: its own process (Spark, the JVM and everything they print included)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "snapshots.cli", *arguments],
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")} | job.secrets
+    result = subprocess.run(
+        [sys.executable, "-m", "snapshots.cli", *job.arguments],
         env=env,
         capture_output=True,
         text=True,
         timeout=COMPACT_TIMEOUT_S,
     )
+    assert job.secrets["PIPELINE_KAFKA_SASL_PASSWORD"] not in " ".join(job.arguments)
+    return result
 
 
 def test_compaction_job_and_pipeline_under_their_own_principals(kafka_secure, secure_run, grants) -> None:

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from pipeline.core.loop import PollLoop
 from pipeline.metrics import HealthServer, Metrics
+from pipeline.settings import ConfigError, Settings
 
 
 class Readiness:
@@ -92,3 +94,25 @@ def test_each_metrics_object_has_its_own_registry() -> None:
     a.records_in.labels("1").inc()
     assert b"pipeline_records_in_total" in a.exposition()
     assert b'pipeline_records_in_total{partition="1"}' not in b.exposition()
+
+
+def test_live_is_503_once_the_poll_loop_stopped_turning() -> None:
+    """/live follows the poll loop (pipeline/core/loop.py: PollLoop.is_live): turned within LIVE_TIMEOUT_MS, or not."""
+    loop = PollLoop(Settings(live_timeout_ms=60_000))
+    loop._turned_at = 100.0
+    assert loop.is_live(now=159.9) and not loop.is_live(now=160.0)
+    stuck = HealthServer(Metrics(), lambda: True, port=0, host="127.0.0.1", is_live=lambda: loop.is_live(now=200.0))
+    stuck.start()
+    try:
+        status, _, body = get(f"http://127.0.0.1:{stuck.port}/live")
+        assert (status, body) == (503, b"stuck: the poll loop stopped turning\n")
+    finally:
+        stuck.stop()
+
+
+def test_live_timeout_must_exceed_the_longest_healthy_turn() -> None:
+    with pytest.raises(ConfigError, match="LIVE_TIMEOUT_MS"):
+        Settings(live_timeout_ms=40_000)  # 10 s transaction time-out + 4 x 10 s request time-out = 50 s
+    derived = PollLoop(Settings(transaction_timeout_ms=30_000))  # 0: derived, 30 + 40 + 10 s
+    derived._turned_at = 0.0
+    assert derived.is_live(now=79.9) and not derived.is_live(now=80.0)

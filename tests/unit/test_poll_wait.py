@@ -45,18 +45,15 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 # -- the wait itself (PollLoop._poll) ---------------------------------------------------------------------------------
 class Owned(Lifecycle):
-    def __init__(self, partition: int, deadline: float | None) -> None:
+    def __init__(self, partition: int) -> None:
         super().__init__()
-        self.partition, self.next_offset, self.deadline = partition, None, deadline
+        self.partition, self.next_offset = partition, None
         self._transition(Phase.RUNNING)
-
-    def commit_deadline(self) -> float | None:
-        return self.deadline
 
 
 class Loop(PollLoop):
     def __init__(self, consumer: FeedConsumer, owned: dict[int, Owned], poll_max_records: int = 5_000) -> None:
-        super().__init__(settings.Settings(poll_max_records=poll_max_records))
+        super().__init__(settings.Settings(poll_max_records=poll_max_records, commit_interval_ms=100))
         self.consumer = consumer
         self.owned = owned
 
@@ -82,24 +79,41 @@ def test_the_first_record_is_returned_when_it_arrives(clock: FakeClock) -> None:
 
 
 def test_the_wait_ends_when_the_earliest_transaction_is_due(clock: FakeClock) -> None:
-    owned = {0: Owned(0, clock.now + 0.5), 1: Owned(1, clock.now + 0.02), 2: Owned(2, None)}
     consumer = FeedConsumer(clock)
+    loop = Loop(consumer, {})
+    loop.schedule.opened(clock.now - 0.08)  # COMMIT_INTERVAL_MS=100: due in 20 ms
+    loop.schedule.opened(clock.now - 0.01)  # opened later: due later
     started = clock.now
-    assert Loop(consumer, owned)._poll(IDLE_WAIT_S) == []
+    assert loop._poll(IDLE_WAIT_S) == []
     assert consumer.waits == [(started, pytest.approx(0.02, abs=1e-9))]
 
 
 def test_a_transaction_already_due_is_not_waited_for(clock: FakeClock) -> None:
     consumer = FeedConsumer(clock)
-    Loop(consumer, {0: Owned(0, clock.now - 0.01)})._poll(IDLE_WAIT_S)
+    loop = Loop(consumer, {})
+    loop.schedule.opened(clock.now - 0.11)
+    loop._poll(IDLE_WAIT_S)
     assert consumer.waits == [(clock.now, 0.0)]
 
 
-def test_a_partition_that_does_not_run_does_not_bound_the_wait(clock: FakeClock) -> None:
-    dropped = Owned(0, clock.now)
+def test_a_full_transaction_is_due_at_once(clock: FakeClock) -> None:
+    consumer = FeedConsumer(clock)
+    loop = Loop(consumer, {})
+    loop.schedule.opened(clock.now)
+    loop.schedule.filled()  # COMMIT_MAX_RECORDS reached
+    loop._poll(IDLE_WAIT_S)
+    assert consumer.waits == [(clock.now, 0.0)]
+
+
+def test_after_a_commit_round_nothing_bounds_the_wait_until_a_batch_opens(clock: FakeClock) -> None:
+    # A partition dropped while its batch was open: the round that was due finds nothing to commit and starts over.
+    dropped = Owned(0)
     dropped._transition(Phase.DROPPED)
     consumer = FeedConsumer(clock)
-    Loop(consumer, {0: dropped})._poll(IDLE_WAIT_S)
+    loop = Loop(consumer, {0: dropped})
+    loop.schedule.opened(clock.now - 0.2)
+    assert loop._to_commit(clock.now) == []
+    loop._poll(IDLE_WAIT_S)
     assert consumer.waits[0][1] == IDLE_WAIT_S
 
 

@@ -155,11 +155,11 @@ def test_a_burst_of_due_timers_fires_at_most_timers_per_turn_per_loop_turn_then_
     assert not driver.consumer.paused and driver.verify().ok  # p fetched again after the burst
 
 
-def test_an_on_timer_that_keeps_failing_stops_the_partition_before_the_record() -> None:
+def test_an_on_timer_that_keeps_failing_stops_the_partition_before_the_record_with_on_poison_stop() -> None:
     def broken(state: State, timer: Timer) -> Iterable[Output]:
         raise RuntimeError("bug")
 
-    driver = AppDriver(App("broken", "in", "out", schedule_each, on_timer=broken))
+    driver = AppDriver(App("broken", "in", "out", schedule_each, on_timer=broken), on_poison="stop")
     driver.send("a", {"id": 1, "at": 10}, timestamp_ms=0)
     driver.send("b", {"id": 2, "at": 10**9}, timestamp_ms=10)
     assert driver.tasks[0].phase is Phase.STOPPED

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,12 +21,14 @@ from pipeline.settings import ConfigError
 from pipeline.settings import load as load_settings
 from pipeline.supervisor import (
     CONFIG_ERROR_EXIT,
+    InstanceIdsTaken,
     Slot,
     Supervisor,
     WorkerMetrics,
     WorkerSpec,
     _wait_stopped,
     describe_exit,
+    instance_ids_lock,
     restart_delay,
     worker_command,
     worker_env,
@@ -65,39 +68,40 @@ def supervised(count: int = 2) -> tuple[Supervisor, FakeClock, list[FakeProcess]
     return supervisor, clock, spawned
 
 
-def test_restart_delay_doubles_up_to_the_cap() -> None:
-    assert [restart_delay(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [1, 2, 4, 8, 16, 30, 30]
+def test_restart_delay_is_none_after_a_crash_then_doubles_up_to_the_cap() -> None:
+    assert [restart_delay(n) for n in (1, 2, 3, 4, 5, 6, 7, 8)] == [0, 1, 2, 4, 8, 16, 30, 30]
 
 
-def test_a_crashed_worker_restarts_in_its_slot_after_the_back_off() -> None:
+def test_a_crashed_worker_restarts_in_its_slot_at_once_then_after_a_back_off_if_it_keeps_failing() -> None:
     supervisor, clock, spawned = supervised()
     assert [p.env["PIPELINE_WORKER_SLOT"] for p in spawned] == ["0", "1"]
     spawned[1].returncode = -signal.SIGKILL
     clock.now = 5.0
-    assert supervisor.check() is None
-    assert len(spawned) == 2 and not supervisor.all_running()
-    clock.now = 5.9
-    supervisor.check()
-    assert len(spawned) == 2  # 1 s back-off
+    assert supervisor.check() is None  # noticed and restarted in the same check: no wait after a crash
+    assert len(spawned) == 3 and spawned[2].env["PIPELINE_WORKER_SLOT"] == "1" and supervisor.all_running()
+    # It fails again right away: a worker that cannot start waits 1 s, then twice as long.
+    spawned[2].returncode = 1
     clock.now = 6.0
     supervisor.check()
-    assert len(spawned) == 3 and spawned[2].env["PIPELINE_WORKER_SLOT"] == "1" and supervisor.all_running()
-    # It fails again right away: twice the wait. A worker that then runs a minute has its back-off reset.
-    spawned[2].returncode = 1
-    clock.now = 7.0
-    supervisor.check()
-    clock.now = 8.9
+    clock.now = 6.9
     supervisor.check()
     assert len(spawned) == 3
-    clock.now = 9.0
+    clock.now = 7.0
     supervisor.check()
     assert len(spawned) == 4
-    spawned[3].returncode = 0  # even a clean exit nobody asked for: the supervisor keeps N members
-    clock.now = 70.0
+    spawned[3].returncode = 1
+    clock.now = 7.5
     supervisor.check()
-    clock.now = 71.0
+    clock.now = 9.4
     supervisor.check()
-    assert len(spawned) == 5 and spawned[4].env["PIPELINE_WORKER_SLOT"] == "1"
+    assert len(spawned) == 4
+    clock.now = 9.5
+    supervisor.check()
+    assert len(spawned) == 5
+    spawned[4].returncode = 0  # even a clean exit nobody asked for: the supervisor keeps N members
+    clock.now = 70.0  # after a minute of running, the back-off is reset: at once again
+    supervisor.check()
+    assert len(spawned) == 6 and spawned[5].env["PIPELINE_WORKER_SLOT"] == "1"
 
 
 def test_a_configuration_error_stops_everything_instead_of_restarting() -> None:
@@ -110,14 +114,16 @@ def test_a_configuration_error_stops_everything_instead_of_restarting() -> None:
 def test_stop_terminates_every_worker_and_cancels_pending_restarts() -> None:
     supervisor, clock, spawned = supervised(3)
     spawned[2].returncode = -signal.SIGKILL
-    supervisor.check()
+    supervisor.check()  # restarted at once
+    spawned[3].returncode = 1
+    supervisor.check()  # failed again at once: a restart pending after 1 s
     supervisor.stop()
-    assert [p.signals for p in spawned] == [[signal.SIGTERM], [signal.SIGTERM], []]
+    assert [p.signals for p in spawned] == [[signal.SIGTERM], [signal.SIGTERM], [], []]
     spawned[0].returncode = 0
     spawned[1].returncode = -signal.SIGTERM  # stopped before it had installed its handlers: it owned nothing
     clock.now = 100.0
     supervisor.check()
-    assert supervisor.running() == [] and len(spawned) == 3 and supervisor.unclean == []
+    assert supervisor.running() == [] and len(spawned) == 4 and supervisor.unclean == []
 
 
 def test_a_worker_failing_while_stopping_is_reported() -> None:
@@ -147,7 +153,22 @@ def test_each_worker_gets_its_slot_its_own_static_member_id_and_no_port() -> Non
         0,
         "host-a-w1",
     )
-    assert worker_settings(load_settings(None, {}), 0).group_instance_id == ""
+    # Static members by default: the host's name (a StatefulSet's pod name) and the slot.
+    assert worker_settings(load_settings(None, {}), 0, host="node-3").group_instance_id == "node-3-w0"
+    assert worker_settings(load_settings(None, {}), 1).group_instance_id == f"{socket.gethostname()}-w1"
+
+
+def test_a_second_supervisor_of_the_group_with_the_same_ids_on_one_host_is_refused(tmp_path: Path) -> None:
+    with instance_ids_lock("totals", "node-3", str(tmp_path)):
+        with (
+            pytest.raises(InstanceIdsTaken, match="GROUP_INSTANCE_ID"),
+            instance_ids_lock("totals", "node-3", str(tmp_path)),
+        ):
+            pass
+        with instance_ids_lock("totals", "node-4", str(tmp_path)), instance_ids_lock("other", "node-3", str(tmp_path)):
+            pass  # another id, or another group: no conflict
+    with instance_ids_lock("totals", "node-3", str(tmp_path)):
+        pass  # released when the first supervisor ends
 
 
 def test_a_worker_gets_the_settings_of_the_config_file_with_the_slot_and_the_port_overridden(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from pipeline import settings as settings_module
 from pipeline.kafka.clients import client_config, producer_config, restore_consumer_config
 from pipeline.serde import JSON
 from pipeline.state import PartitionState
+from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_writer import write_snapshot
 from tools.bench import snapshots
@@ -156,7 +157,8 @@ def restore_once(bootstrap: str, app_id: str, committed: int) -> dict:
     before = rss_bytes()
     started = time.monotonic()
     manager.start(0, committed)
-    steps, longest, finished = 0, 0.0, []
+    steps, longest = 0, 0.0
+    finished: list[ChangelogRestore] = []
     while not finished:
         step_started = time.monotonic()
         finished = manager.step()

@@ -41,7 +41,9 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -132,7 +134,7 @@ def produce_paced(
 
 def start_producer(
     bootstrap: str, topic: str, rate: float, seconds: float, window_start: float = 0.0
-) -> tuple[multiprocessing.Process, multiprocessing.Queue]:
+) -> tuple[BaseProcess, multiprocessing.Queue]:
     context = multiprocessing.get_context("spawn")  # no fork of a process with librdkafka threads
     done = context.Queue()
     process = context.Process(
@@ -218,8 +220,8 @@ class Pipeline:
             if not line.startswith("pipeline_end_to_end_latency_seconds_") or 'record="first"' not in line:
                 continue
             value = float(line.rsplit(" ", 1)[1])
-            if "_bucket{" in line:
-                buckets[float(re.search(r'le="([^"]+)"', line).group(1))] = value
+            if "_bucket{" in line and (le := re.search(r'le="([^"]+)"', line)) is not None:
+                buckets[float(le.group(1))] = value
             elif "_sum{" in line:
                 total = value
             elif "_count{" in line:
@@ -264,7 +266,7 @@ class Reader:
         for m in messages:
             if m.error():
                 raise KafkaException(m.error())
-            yield now, STAMP.unpack_from(m.value())[0]
+            yield now, STAMP.unpack_from(cast(bytes, m.value()))[0]  # every record of the bench carries its stamp
 
     def close(self) -> None:
         self.consumer.close()
@@ -371,9 +373,12 @@ class Bench:
 def _after(moment: float, probe: Callable[[], Histogram | None]) -> Callable[[], Histogram | None]:
     """probe() taken once `moment` (wall clock) has passed, on a thread: the reader must not stop meanwhile."""
     taken: list[Histogram | None] = []
-    thread = threading.Thread(
-        target=lambda: (time.sleep(max(0.0, moment - time.time())), taken.append(probe())), daemon=True
-    )
+
+    def take() -> None:
+        time.sleep(max(0.0, moment - time.time()))
+        taken.append(probe())
+
+    thread = threading.Thread(target=take, daemon=True)
     thread.start()
 
     def result() -> Histogram | None:
@@ -384,7 +389,7 @@ def _after(moment: float, probe: Callable[[], Histogram | None]) -> Callable[[],
 
 
 def _measure(
-    reader: Reader, producer: multiprocessing.Process, done: multiprocessing.Queue, window_start: float
+    reader: Reader, producer: BaseProcess, done: multiprocessing.Queue, window_start: float
 ) -> tuple[int, list[float]]:
     """Reads until every produced record came out (or DRAIN_TIMEOUT_S after the producer finished); returns the
     number of records produced in the window and the latencies (ms) of those that came out."""

@@ -8,16 +8,20 @@ so it is the number to compare before and after a change to the hot path.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
-from confluent_kafka import Message
+from confluent_kafka import Consumer, Message, Producer
 
 from pipeline import settings as settings_module
 from pipeline.app import App
 from pipeline.core.lifecycle import Phase
+from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction
+from pipeline.testing.inputs import ProducedRecord
 
 BATCH = 5_000
 
@@ -46,9 +50,10 @@ class Overhead:
     us_per_record: float
 
 
-def messages_for(app: App, records: int) -> list[Message]:
-    generated = app.generate(records, 1, 0) if app.generate else []
-    return [
+def messages_for(app: App, records: int) -> list[Consumed]:
+    # The benched Apps have one input: (partition, key, value[, timestamp ms]) records.
+    generated = cast(Iterable[ProducedRecord], app.generate(records, 1, 0) if app.generate else [])
+    messages = [
         Message(
             topic=app.input_topic,
             partition=0,
@@ -59,6 +64,7 @@ def messages_for(app: App, records: int) -> list[Message]:
         )
         for i, (_, key, value, *timestamp) in enumerate(generated)
     ]
+    return cast(list[Consumed], messages)  # built with their topic, partition, offset and timestamp: records
 
 
 def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
@@ -76,10 +82,10 @@ def measure(app: App, records: int = 100_000, passes: int = 5) -> Overhead:
             app.output_topic,
             "overhead-changelog",
             "overhead-dlq",
-            None,
+            cast(Consumer, None),  # no consumer: nothing is fetched or sought here
             Metrics(),
         )
-        txn = Transaction(producer, settings, "overhead")
+        txn = Transaction(cast(Producer, producer), settings, "overhead")  # a stand-in: takes what a task sends
         task = KafkaTask(ctx, 0, txn)
         task.start(0)
         if task.phase is Phase.RESTORING:

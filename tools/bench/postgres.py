@@ -84,6 +84,7 @@ def run_one(mode: str, batch: int, args: argparse.Namespace, topic: str, total: 
         "poll_max_records": batch,
         "commit_interval_ms": 2000,
     }
+    runner: PostgresRunner | KafkaRunner
     if mode == "pg":
         schema = f"bench_{suffix}"
         runner = PostgresRunner(

@@ -236,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     base = {r["history"]: r for r in results["restore"] if r["snapshot"]}
     for r in results["restore"]:
         what = "snapshot + tail" if r["snapshot"] else "whole changelog"
-        rate = f" (changelog {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} records/s)"
+        rates = f" (changelog {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} records/s)"
         if r["snapshot"]:
-            rate = (
+            rates = (
                 f" (snapshot {r['snapshot_s']}s = {r['snapshot_entries'] / max(r['snapshot_s'], 1e-9):,.0f} "
                 f"entries/s, tail {r['tail_s']}s = {r['changelog_records'] / max(r['tail_s'], 1e-9):,.0f} "
                 "records/s)"
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {r['history']:>2}x history, {what:<16}: {r['seconds']:>6}s, {r['keys']} keys, "
             f"{r['snapshot_entries']} snapshot entries + {r['changelog_records']} changelog records, longest step "
-            f"{r['longest_step_s']}s{rate}"
+            f"{r['longest_step_s']}s{rates}"
         )
     if len(base) == 2:
         low, high = sorted(base)

@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -187,7 +187,8 @@ class Worker:
 class Liveness(Protocol):
     """What measure() watches while it samples: a Worker thread, or a process (tools/bench/partitions.py)."""
 
-    error: BaseException | str | None
+    @property
+    def error(self) -> BaseException | str | None: ...  # read-only: a Worker keeps an exception, a process a text
 
     def alive(self) -> bool: ...
 
@@ -267,7 +268,7 @@ class RawLoop:
             for m in batch:
                 if m.error():
                     raise KafkaException(m.error())
-                _produce(producer, topic, m.value(), m.key(), m.partition())
+                _produce(producer, topic, m.value(), m.key(), cast(int, m.partition()))  # a record's partition
             producer.poll(0)
             self.count += len(batch)
             self._update_done(producer)
@@ -417,6 +418,8 @@ KEY_FUNCTIONS = (  # (file suffix, function): where the profiled thread waits or
 )
 
 
+# pstats.Stats.stats (the profile's table) and .fcn_list (its keys, sorted) are what print_stats reads; typeshed does
+# not declare them, hence the `type: ignore[attr-defined]` where they are read.
 def key_entries(stats: pstats.Stats, seconds: float) -> list[str]:
     lines = []
     for suffix, name in KEY_FUNCTIONS:
@@ -580,7 +583,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def parse_only(only: str) -> dict[str, set[str]]:
     """{"workload" | "size" | "interval" | "mode": allowed values}; a dimension not named allows everything."""
-    dimensions = {"workload": WORKLOADS, "size": SIZES, "interval": INTERVALS, "mode": MODES}
+    dimensions: dict[str, Mapping[str, object]] = {
+        "workload": WORKLOADS,
+        "size": SIZES,
+        "interval": INTERVALS,
+        "mode": MODES,
+    }
     chosen = {name: set(values) for name, values in dimensions.items()}
     named: set[str] = set()
     for token in filter(None, (t.strip() for t in only.split(","))):

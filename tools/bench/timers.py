@@ -161,6 +161,7 @@ def run_once(name: str, records: int, accounts: int, bootstrap: str, timeout_s: 
         pending = PendingTimers(runner, {p: max(1, n * accounts // records) for p, n in run.counts.items()})
         try:
             result = measure(pending.progress, records, worker, timeout_s).with_commits(runner.metrics)
+            assert pending.cpu_started is not None  # measure() returned: progress was seen
             cpu_s, first = time.process_time() - pending.cpu_started[0], pending.cpu_started[1]
             pending.progress()
             outputs = counter_total(runner.metrics, "records_out")

@@ -17,12 +17,14 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
+from pipeline.kafka.clients import client_config
 from pipeline.kafka.errors import kafka_error
+from pipeline.kafka.liveness import Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff, retry
-from pipeline.settings import Settings
+from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
@@ -54,6 +56,23 @@ def prepare_topics(admin: AdminClient, names: Names, settings: Settings, statefu
         timeout_s=settings.request_timeout_ms / 1000,
     )
     check_service(admin, names, settings, stateful=stateful, phase=AFTER_TOPICS)
+
+
+def start_liveness(settings: Settings, app_id: str, consumer: Consumer, process_txn_id: str) -> Liveness | None:
+    """FAILURE_DETECTION_MS > 0: the heartbeat thread that finds silent peers, fences their per-process producer and
+    removes them from the group (pipeline/kafka/liveness.py); it names this process's producer under per_process,
+    so that its peers can do the same for it."""
+    if settings.failure_detection_ms <= 0:
+        return None
+    per_process = settings.producers == PER_PROCESS and settings.exactly_once
+    return Liveness(
+        settings,
+        client_config(settings),
+        app_id,
+        liveness_topic(app_id),
+        transactional_id=process_txn_id if per_process else "",
+        member_id=consumer.memberid,
+    ).start()
 
 
 def fence(txns: list[Transaction], settings: Settings) -> None:

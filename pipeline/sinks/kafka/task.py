@@ -30,11 +30,12 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record
+from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record, checked_outputs
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
 from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
@@ -68,6 +69,7 @@ class KafkaTaskContext:
     metrics: Metrics
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
     global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
+    schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
 
 
 class KafkaTask(Task):
@@ -75,7 +77,7 @@ class KafkaTask(Task):
         s, metrics = ctx.settings, ctx.metrics
         # The module's clock, so that tests replacing `time` here record the back-off sleeps instead of sleeping.
         attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters, time.sleep)
-        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts, ctx.schedule)
         self.ctx = ctx
         self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
         self.producer = txn.producer
@@ -91,9 +93,11 @@ class KafkaTask(Task):
         self._encode = self._encoder()  # Output -> produce arguments, built once
         # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
         # pays one test per record.
-        errors = metrics.processing_errors.labels(self.label)
+        errors, letter = metrics.processing_errors.labels(self.label), self._timer_letter
         self._timers = (
-            TimerFiring.of(ctx.app, s, partition, self._encode, self._produce, self._pause_input, errors)
+            TimerFiring.of(
+                ctx.app, s, partition, self._encode, self._produce, self._pause_input, errors, letter, self.timer_storm
+            )
             if ctx.app.timed
             else None
         )
@@ -127,9 +131,10 @@ class KafkaTask(Task):
             self._timers.held.extend(messages)
             return
         app, state, partition, timers = self.app, self.state, self.partition, self._timers
-        name = app.streams[0].name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
+        stream = app.streams[0]  # its serdes, not the App's: App(inputs=[Stream(t, BYTES, BYTES)]) has one input too
+        name = stream.name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
-        decode_key, decode_value = skip_bytes_deserialize(app.key_serde), skip_bytes_deserialize(app.value_serde)
+        decode_key, decode_value = skip_bytes_deserialize(stream.key_serde), skip_bytes_deserialize(stream.value_serde)
         encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
         processed = produced = 0
         for msg in messages:
@@ -222,13 +227,23 @@ class KafkaTask(Task):
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter goes
         into the open transaction, which commits it with the offset past the record; None then (no outputs)."""
         app, state, encode = self.app, self.state, self._encode
-        outcome = self._attempts.retry(
-            state, msg, error, lambda: [encode(o) for o in app.process(state, record_from_message(app, msg))]
-        )
+
+        def try_once() -> list[Encoded]:  # what process returns is checked here, off the hot path (fail-fast)
+            return [encode(o) for o in checked_outputs("process", app.process(state, record_from_message(app, msg)))]
+
+        outcome = self.retry_record(msg, error, try_once)
         if not isinstance(outcome, DeadLetter):
             return outcome
-        self._produce(self.ctx.dead_letter_topic, outcome.key, outcome.value, self.partition, outcome.headers())
+        self._letter(outcome)
         return None
+
+    def _letter(self, letter: DeadLetter) -> None:
+        """A dead letter (of a record, or of a timer) into the open transaction."""
+        self._produce(self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
+
+    def _timer_letter(self, letter: DeadLetter) -> None:
+        self.metrics.dead_letters.inc()  # a record's is counted by Attempts
+        self._letter(letter)
 
     def _produce(self, topic: str, key: Any, value: Any, partition: int, headers: Any, **kwargs: Any) -> None:
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""

@@ -29,6 +29,7 @@ import os
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import psycopg_pool
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -53,8 +54,8 @@ from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskConte
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 0.1
 POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
-# Waiting for a take-over, restoring, or waiting for the seek after one: p paused.
-TAKING_OVER = (Phase.NEW, Phase.RESTORING, Phase.REWINDING)
+# Restoring, or waiting for the seek after the restore: p paused, the loop steps it (the schedule knows which).
+TAKING_OVER = (Phase.RESTORING, Phase.REWINDING)
 
 
 def commit_batch(task: PostgresTask) -> None:
@@ -87,22 +88,27 @@ def commit_batch(task: PostgresTask) -> None:
     task.batch_committed()
 
 
+def refuse_unfit(app: App, settings: Settings) -> None:
+    """ConfigError for an App this sink cannot run; `pipeline run` asks before it contacts any broker."""
+    if settings.sink != "postgres":
+        raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
+    if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
+        raise ConfigError(
+            f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
+            "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
+        )
+    if app.multi_input or app.global_tables:  # docs/inputs.md
+        raise ConfigError(
+            f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
+            "SINK=postgres cannot run this App"
+        )
+
+
 class PostgresRunner(PollLoop):
     commit_on_lost = True  # the epoch check, not the group membership, decides whether a batch may commit
 
     def __init__(self, app: App, settings: Settings) -> None:
-        if settings.sink != "postgres":
-            raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
-        if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
-            raise ConfigError(
-                f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
-                "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
-            )
-        if app.multi_input or app.global_tables:  # docs/inputs.md
-            raise ConfigError(
-                f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
-                "SINK=postgres cannot run this App"
-            )
+        refuse_unfit(app, settings)
         super().__init__(settings)
         self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name
@@ -133,7 +139,8 @@ class PostgresRunner(PollLoop):
 
     @ctx.setter
     def ctx(self, ctx: PostgresTaskContext) -> None:
-        self._ctx = ctx
+        """With this loop's schedule, whoever made it: a task told another schedule would never be committed."""
+        self._ctx = ctx if ctx.schedule is self.schedule else replace(ctx, schedule=self.schedule)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -173,6 +180,7 @@ class PostgresRunner(PollLoop):
             self.metrics,
             owner,
             pool_wait_s=min(POOL_WAIT_S, self._timeout_s),
+            schedule=self.schedule,
         )
         self.consumer = Consumer(consumer_config(s, self.app_id))
         log.info(
@@ -197,7 +205,8 @@ class PostgresRunner(PollLoop):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
-        busy = any(task.phase in TAKING_OVER for task in self.tasks.values())
+        # Taking over: a task waits for its next try (NEW, in _retry_at), a restore step or a seek.
+        busy = bool(self._retry_at) or bool(self.schedule.waiting(TAKING_OVER, self.tasks))
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         self._dispatch(messages)
         self._commit_due()
@@ -306,7 +315,7 @@ class PostgresRunner(PollLoop):
 
     def _advance_restores(self) -> None:
         """Steps every restore, about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership)."""
-        restoring = [task for task in self.tasks.values() if task.phase is Phase.RESTORING]
+        restoring = self.schedule.waiting((Phase.RESTORING,), self.tasks)
         budget_s = self.settings.restore_step_ms / 1000 / max(1, len(restoring))
         for task in restoring:
             try:
@@ -318,9 +327,8 @@ class PostgresRunner(PollLoop):
     def _retry_seeks(self) -> None:
         """Restored (REWINDING): seek to the fenced offset, then resume. The position never comes from the fetcher
         (docs/guarantees.md: rewind-after-abort): records of p fetched while p restored were dropped by _dispatch."""
-        for p, task in list(self.tasks.items()):
-            if task.phase is not Phase.REWINDING:
-                continue
+        for task in self.schedule.waiting((Phase.REWINDING,), self.tasks):
+            p = task.partition
             if (deleted := self._deleted_before_start.pop(p, None)) is not None:  # no position to seek to
                 topic, detail = deleted
                 self._stop_partition(task, InputRecordsDeleted(topic, p, task.committed_offset, self.app_id, detail))

@@ -18,11 +18,13 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from pipeline.retry import Backoff, retry
 from pipeline.settings import ConfigError, Settings
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def describe_dsn(dsn: str) -> str:
     return f"{info.get('user', '?')}@{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '?')}"
 
 
-def connection_kwargs(settings: Settings, application_name: str) -> dict:
+def connection_kwargs(settings: Settings, application_name: str) -> dict[str, Any]:
     """Session settings of every connection of the sink.
 
     idle_in_transaction_session_timeout: a worker holds a transaction open only while it writes a batch, never while
@@ -177,44 +179,52 @@ def _server_message(text: str) -> str:
     return text.split("FATAL:", 1)[-1].strip().splitlines()[0] if "FATAL:" in text else text.strip().splitlines()[0]
 
 
-def connect_checked(dsn: str, kwargs: dict, timeout_s: float) -> psycopg.Connection:
+CONNECT_BACKOFF = Backoff(0.2, 2.0, 2.0)  # a server starting or restarting: soon, then every 2 s
+
+
+def connect_checked(dsn: str, kwargs: dict[str, Any], timeout_s: float) -> psycopg.Connection:
     """A connection, retried with back-off while the server is unreachable or starting (up to timeout_s); a clear
     PostgresSetupError at once for a missing database or wrong credentials, or when the time is up."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.2
-    while True:
-        try:
-            return psycopg.connect(dsn, **kwargs)
-        except psycopg.OperationalError as e:
-            if (permanent := permanent_connect_error(dsn, e)) is not None:
-                raise permanent from None
-            if time.monotonic() + delay > deadline:
-                raise PostgresSetupError(
-                    f"POSTGRES_DSN {describe_dsn(dsn)}: PostgreSQL not reachable within "
-                    f"{timeout_s:.0f}s: {_server_message(str(e))}"
-                ) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+
+    def unreachable(error: Exception) -> bool:
+        return isinstance(error, psycopg.OperationalError) and permanent_connect_error(dsn, error) is None
+
+    try:
+        return retry(
+            lambda: psycopg.connect(dsn, **kwargs), retriable=unreachable, backoff=CONNECT_BACKOFF, within_s=timeout_s
+        )
+    except psycopg.OperationalError as e:
+        if (permanent := permanent_connect_error(dsn, e)) is not None:
+            raise permanent from None
+        raise PostgresSetupError(
+            f"POSTGRES_DSN {describe_dsn(dsn)}: PostgreSQL not reachable within "
+            f"{timeout_s:.0f}s: {_server_message(str(e))}"
+        ) from None
 
 
-def prepare_database(dsn: str, kwargs: dict, schema: str, tables: Sequence[Table], timeout_s: float) -> int:
+def prepare_database(dsn: str, kwargs: dict[str, Any], schema: str, tables: Sequence[Table], timeout_s: float) -> int:
     """connect_checked + ensure_schema, started again when the server goes away half-way (a restart, a failover):
     the migration is one transaction, so a retry sees either all of it or none. Returns the schema version."""
     deadline = time.monotonic() + timeout_s
-    while True:
+
+    def prepare() -> int:
         with connect_checked(dsn, {**kwargs, "autocommit": True}, max(deadline - time.monotonic(), 1.0)) as conn:
-            try:
-                return ensure_schema(conn, schema, tables)
-            except psycopg.OperationalError as e:
-                if time.monotonic() > deadline:
-                    raise PostgresSetupError(
-                        f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
-                        f"schema {schema!r}: {_server_message(str(e))}"
-                    ) from None
-                log.warning(
-                    "connection lost while preparing schema %r (%s); connecting again", schema, _server_message(str(e))
-                )
-        time.sleep(0.2)
+            return ensure_schema(conn, schema, tables)
+
+    def lost(error: Exception, failures: int, delay: float | None) -> None:
+        if delay is not None:
+            log.warning(
+                "connection lost while preparing schema %r (%s); connecting again", schema, _server_message(str(error))
+            )
+
+    try:
+        lost_connection = lambda e: isinstance(e, psycopg.OperationalError)  # noqa: E731
+        return retry(prepare, retriable=lost_connection, backoff=Backoff(0.2, 1.0), within_s=timeout_s, on_failure=lost)
+    except psycopg.OperationalError as e:
+        raise PostgresSetupError(
+            f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
+            f"schema {schema!r}: {_server_message(str(e))}"
+        ) from None
 
 
 # -- schema --------------------------------------------------------------------------------------------------------
@@ -269,11 +279,12 @@ def _check_tables(conn: psycopg.Connection, schema: str, tables: Iterable[Table]
 def table_problems(conn: psycopg.Connection, schema: str, table: Table) -> list[str]:
     """Differences between `table` and what the database has (missing table or column, other type, other key)."""
     name = f"{schema}.{table.name}"
-    oid = conn.execute("SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid", (schema, table.name))
-    oid = oid.fetchone()[0]
+    query = "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text))::oid"
+    row = conn.execute(query, (schema, table.name)).fetchone()
+    oid = None if row is None else row[0]  # always one row: to_regclass gives NULL for a missing table
     if oid is None:
         return [f"{name} does not exist"]
-    have = dict(
+    have: dict[str, str] = dict(
         conn.execute(
             "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",

@@ -56,7 +56,8 @@ class Target:
 
 
 class TableSink(Protocol):
-    tables: Sequence[Table]
+    @property
+    def tables(self) -> Sequence[Table]: ...  # read-only: a sink may keep them in a tuple
 
     def write(self, cur: psycopg.Cursor, target: Target, rows: Sequence[OutputRow]) -> None:
         """Writes one batch. Runs inside the batch's transaction: raise to roll the whole batch back."""

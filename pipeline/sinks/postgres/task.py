@@ -42,9 +42,10 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
-from pipeline.app import App, Output
+from pipeline.app import App, Output, checked_outputs
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.processing import Attempts, record_from_message
+from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
@@ -78,6 +79,7 @@ class PostgresTaskContext:
     metrics: Metrics
     owner: str  # written to the offsets row: who holds the epoch (host, pid, client id)
     pool_wait_s: float = 5.0
+    schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
 
     @property
     def target(self) -> Target:
@@ -91,7 +93,7 @@ class PostgresTask(Task):
     def __init__(self, ctx: PostgresTaskContext, partition: int) -> None:
         s, metrics = ctx.settings, ctx.metrics
         attempts = Attempts.of(s, metrics.processing_errors.labels(str(partition)), metrics.dead_letters)
-        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts)
+        super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts, ctx.schedule)
         self.ctx = ctx
         self.epoch: int | None = None
         self.restored_keys = 0
@@ -214,7 +216,7 @@ class PostgresTask(Task):
                 self.open_batch()
             state.begin_record()
             try:
-                outputs = list(app.process(state, record_from_message(app, msg)))
+                outputs = checked_outputs("process", app.process(state, record_from_message(app, msg)))
             except Exception as error:  # decoding or user code: poison until proven otherwise
                 outputs = self._retry(msg, error)
             self.rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
@@ -229,8 +231,8 @@ class PostgresTask(Task):
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter becomes
         a row of this batch's transaction, which commits it with the offset past the record; no outputs then."""
         app, state = self.app, self.state
-        outcome = self._attempts.retry(
-            state, msg, error, lambda: list(app.process(state, record_from_message(app, msg)))
+        outcome = self.retry_record(
+            msg, error, lambda: checked_outputs("process", app.process(state, record_from_message(app, msg)))
         )
         if isinstance(outcome, DeadLetter):
             self.dead_letters.append(outcome)

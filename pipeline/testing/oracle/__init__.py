@@ -39,8 +39,8 @@ from pipeline.testing.oracle.checks import (
     parse_dead_letters,
 )
 from pipeline.testing.oracle.offsets import check_next_offset, check_offsets, last_checkpoints
-from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
-from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord, RunData, TopicDump
+from pipeline.testing.oracle.reference import Reference, fold_reference
 from pipeline.testing.oracle.verdict import CATEGORIES, SAMPLE_LIMIT, Findings, Problem, Verdict
 
 __all__ = [

@@ -15,9 +15,9 @@ from pipeline.core.provenance import TIMER_HEADER, decode_timer
 from pipeline.state.changelog import is_checkpoint
 from pipeline.testing.oracle.inputs import GLOBAL_TABLE_NOTE, all_inputs, by_declared_names, fold_several, topics_of
 from pipeline.testing.oracle.offsets import check_offsets, check_offsets_several
-from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData, TopicDump
-from pipeline.testing.oracle.reference import ExpectedOutput, Reference, fold_reference
-from pipeline.testing.oracle.timers import check_timers, comparable, timer_outputs
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord, RunData, TopicDump
+from pipeline.testing.oracle.reference import Reference, fold_reference
+from pipeline.testing.oracle.timers import check_timers, comparable, timer_dead_letters, timer_outputs
 from pipeline.testing.oracle.verdict import Findings, Verdict, clip, coord_name
 
 
@@ -51,6 +51,8 @@ def parse_dead_letters(
         except (KeyError, ValueError) as e:
             content.add(where, f"unreadable dead-letter headers ({type(e).__name__}: {e})")
             continue
+        if letter.timer:  # a timer's, not an input record's: oracle/timers.py checks it
+            continue
         if letter.topic not in topics:
             content.add(where, f"names topic {letter.topic!r}, not the input {' or '.join(topics)!r}")
             continue
@@ -63,7 +65,7 @@ def parse_dead_letters(
 def extra_outputs(by_source: Mapping[Coord, list[KafkaRecord]], reference: Reference) -> set[Coord]:
     """Positions (output partition, offset) of outputs beyond the reference's count for their source: the
     duplicates. The order check skips them, so one duplicate is reported once."""
-    extras = set()
+    extras: set[Coord] = set()
     for source, outs in by_source.items():
         extras.update(out.coord for out in outs[reference.expected_count(source) :])
     return extras
@@ -280,7 +282,9 @@ def check(app: App, run: RunData) -> Verdict:
     by_source = outputs_by_source(run.outputs.records)
     verdict.duplicates = check_duplicates(by_source, dead, reference)
     verdict.losses = check_losses(inputs.keys(), by_source, dead, reference)
-    timer_extras = check_timers(by_firing, reference.timers, verdict, _output_mismatch) if reference.timers else set()
+    timer_dead = timer_dead_letters(run.dead_letters.records)
+    timers = reference.timers
+    timer_extras = check_timers(by_firing, timers, verdict, _output_mismatch, timer_dead) if timers else set()
     verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference) | timer_extras)
     values = not app.global_tables  # values read from a global table are the App's own check's business
     check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content, values)

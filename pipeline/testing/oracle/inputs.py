@@ -25,8 +25,8 @@ from pipeline.serde import JSON
 from pipeline.state.changelog import Checkpoint, is_checkpoint, order_runs
 from pipeline.state.store import PartitionState
 from pipeline.state.tables import TableStore, TableView
-from pipeline.testing.oracle.records import Coord, KafkaRecord, RunData
-from pipeline.testing.oracle.reference import ExpectedOutput, Reference, encode_output
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord, RunData
+from pipeline.testing.oracle.reference import Reference, encode_output
 from pipeline.testing.oracle.verdict import Findings
 
 GLOBAL_TABLE_NOTE = "the App reads global tables: output values compared by its own check (App.check), not here"

@@ -12,6 +12,15 @@ Coord = tuple[int, int] | tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
+class ExpectedOutput:
+    """An output as the reference expects it (the App's output serdes applied)."""
+
+    key: bytes | None
+    value: bytes | None
+    partition: int | None  # None: the app let the producer's partitioner choose, so it is not checked
+
+
+@dataclass(frozen=True, slots=True)
 class KafkaRecord:
     """One record as read from a topic, detached from confluent_kafka."""
 
@@ -30,7 +39,7 @@ class KafkaRecord:
     def source(self) -> Coord | None:
         """The input coordinate named by the eos.source header; None if absent or malformed."""
         try:
-            return decode_source(self.headers)  # type: ignore[arg-type]  # a tuple of pairs reads the same
+            return decode_source(self.headers)
         except ValueError:
             return None
 

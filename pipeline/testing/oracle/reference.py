@@ -13,15 +13,9 @@ from dataclasses import dataclass, field
 from pipeline.app import App, Output, Reject
 from pipeline.core.provenance import TimerSource
 from pipeline.state.store import PartitionState
-from pipeline.testing.oracle.records import Coord, KafkaRecord
+from pipeline.state.timed import TimedState
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord
 from pipeline.testing.oracle.timers import Firings, new_state
-
-
-@dataclass(frozen=True, slots=True)
-class ExpectedOutput:
-    key: bytes | None
-    value: bytes | None
-    partition: int | None  # None: the app let the producer's partitioner choose, so it is not checked
 
 
 @dataclass
@@ -62,12 +56,14 @@ def fold_reference(
         if state is None:
             state = states[record.partition] = new_state(app)
         if firings is not None:
-            firings.before_record(state, record)  # type: ignore[arg-type]
+            assert isinstance(state, TimedState)  # a timed App's state (new_state)
+            firings.before_record(state, record)
         if record.coord not in skip:
             _fold_one(app, state, record, input_topic, output_topic, reference)
     if firings is not None:
         for p, state in states.items():
-            firings.walls_until(state, p, None)  # type: ignore[arg-type]
+            assert isinstance(state, TimedState)
+            firings.walls_until(state, p, None)
     reference.states = {p: dict(state.encoded_items()) for p, state in states.items()}
     return reference
 

@@ -17,18 +17,20 @@ runtime's firing code:
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from pipeline.app import App, Output
-from pipeline.core.provenance import TimerSource, decode_timer
+from pipeline.core.deadletter import PREFIX as DEAD_LETTER_PREFIX
+from pipeline.core.provenance import TIMER_HEADER, TimerSource, decode_timer
 from pipeline.state.store import PartitionState
 from pipeline.state.timed import RESERVED, TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 from pipeline.state.versions import VERSION_KEY, StateVersionError, current_value, tag
-from pipeline.testing.oracle.records import KafkaRecord
+from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord
 from pipeline.testing.oracle.verdict import Findings, Verdict
 
-Encode = Callable[[Output], object]  # Output -> ExpectedOutput
+Encode = Callable[[Output], ExpectedOutput]
+DEAD_LETTER_TIMER = DEAD_LETTER_PREFIX + "timer"  # a timer's dead letter names its firing here
 
 
 def new_state(app: App) -> PartitionState:
@@ -45,7 +47,7 @@ class Firings:
 
     def __init__(self, app: App, encode: Encode, output_topic: str, wall_firings: Iterable[TimerSource]) -> None:
         self.app, self.encode, self.output_topic = app, encode, output_topic
-        self.outputs: dict[TimerSource, list] = {}
+        self.outputs: dict[TimerSource, list[ExpectedOutput]] = {}
         self.failures: dict[TimerSource, str] = {}
         self.unplaceable: list[tuple[TimerSource, str]] = []
         self._walls: dict[int, list[TimerSource]] = defaultdict(list)
@@ -56,7 +58,8 @@ class Firings:
         self.walls_until(state, record.partition, record.offset)
         if record.timestamp_ms >= 0:
             state.advance_stream_time(record.timestamp_ms)
-        while (due := state.pop_due("stream", state.stream_time_ms)) is not None:
+        # No stream time yet (no record with a timestamp so far): nothing is due, as in the runtime (core/timers.py).
+        while (now := state.stream_time_ms) is not None and (due := state.pop_due("stream", now)) is not None:
             key = due.entry[len(TIMER_PREFIXES["stream"]) :]
             self._fire(state, due, TimerSource(record.partition, record.offset, "stream", due.at_ms, key))
 
@@ -82,13 +85,15 @@ class Firings:
         timer = state.remove(due)
         if timer is not None:
             try:
+                if self.app.on_timer is None:  # as the runtime says it (core/timers.py)
+                    raise TypeError(f"{self.app.name}: a timer is due but the App has no on_timer")
                 outputs = list(self.app.on_timer(state, timer))
                 self.outputs.setdefault(firing, []).extend(
                     self.encode(out) for out in outputs if out.topic in (None, self.output_topic)
                 )
             except Exception as e:
                 state.undo_record()
-                state.remove(due)  # the runtime would stop the partition here; the reference goes on without it
+                state.remove(due)  # the runtime dead-letters it (or stops, ON_POISON=stop): removed, changes undone
                 self.failures[firing] = f"on_timer: {type(e).__name__}: {e}"
         state.commit()
 
@@ -107,15 +112,28 @@ def timer_outputs(outputs: Iterable[KafkaRecord], content: Findings) -> dict[Tim
     return dict(grouped)
 
 
+def timer_dead_letters(records: Iterable[KafkaRecord]) -> list[TimerSource]:
+    """The firings the run dead-lettered (their on_timer kept failing), one entry per dead letter."""
+    letters = []
+    for record in records:
+        fields = dict(record.headers)
+        if (timer := fields.get(DEAD_LETTER_TIMER)) is not None:
+            letters.append(decode_timer([(TIMER_HEADER, timer)]))
+    return [letter for letter in letters if letter is not None]
+
+
 def check_timers(
     by_firing: Mapping[TimerSource, list[KafkaRecord]],
     firings: Firings,
     verdict: Verdict,
-    mismatch: Callable[[KafkaRecord, object], str],
-) -> set[tuple[int, int]]:
+    mismatch: Callable[[KafkaRecord, ExpectedOutput], str],
+    dead: Sequence[TimerSource] = (),
+) -> set[Coord]:
     """Each firing's outputs against the reference's, into the verdict's categories; returns the positions of outputs
-    beyond the reference's count (duplicates), which the order check skips."""
-    extras = set()
+    beyond the reference's count (duplicates), which the order check skips. `dead`: the firings the run dead-lettered,
+    each of which must be one whose on_timer fails in the reference too, once."""
+    _check_timer_dead_letters(dead, firings, verdict)
+    extras: set[Coord] = set()
     for firing in sorted(by_firing.keys() | firings.outputs.keys()):
         outs, expected, where = by_firing.get(firing, []), firings.outputs.get(firing), timer_name(firing)
         if expected is None:
@@ -133,9 +151,17 @@ def check_timers(
     for firing, why in firings.unplaceable:
         verdict.duplicates.add(timer_name(firing), why)
     for firing, why in firings.failures.items():
-        if firing not in by_firing:
-            verdict.losses.add(timer_name(firing), f"{why} offline: the run should have stopped there")
+        if firing not in by_firing and firing not in dead:
+            verdict.losses.add(timer_name(firing), f"{why} offline, no dead letter: the run should have stopped there")
     return extras
+
+
+def _check_timer_dead_letters(dead: Sequence[TimerSource], firings: Firings, verdict: Verdict) -> None:
+    for firing, count in Counter(dead).items():
+        if firing not in firings.failures:
+            verdict.content.add(timer_name(firing), "dead-lettered, though its on_timer succeeds in the reference")
+        elif count > 1:
+            verdict.duplicates.add(timer_name(firing), f"dead-lettered {count} times")
 
 
 def comparable(app: App, entries: dict[str, bytes]) -> dict[str, bytes]:

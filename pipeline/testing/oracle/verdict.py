@@ -57,7 +57,8 @@ class Verdict:
         return all(self.findings(category).count == 0 for category in CATEGORIES)
 
     def findings(self, category: str) -> Findings:
-        return getattr(self, category)
+        findings: Findings = getattr(self, category)  # one of CATEGORIES: a Findings field
+        return findings
 
     def as_dict(self) -> dict[str, Any]:
         return {

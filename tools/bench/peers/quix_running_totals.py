@@ -103,6 +103,7 @@ def measure(app: Application, progress: Progress, total: int, timeout_s: float, 
                 result["error"] = f"timeout after {timeout_s:.0f}s at {count}/{total}"
                 return
             time.sleep(SAMPLE_S)
+        assert first is not None  # count reached total > 0
         elapsed = now - first[0]
         result.update(rate=(total - first[1]) / elapsed if elapsed > 0 else None, seconds=elapsed, processed=count)
     finally:

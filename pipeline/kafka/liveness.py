@@ -1,0 +1,257 @@
+"""Fast failure detection (FAILURE_DETECTION_MS; docs/guarantees.md: fast-failure-detection; issue 22).
+
+Without it, a member that dies without leaving the group (SIGKILL, a lost machine) holds its partitions until the
+group's session time-out, and, under PRODUCERS=per_process, its open transaction holds their committed offsets and
+changelog until TRANSACTION_TIMEOUT_MS. With it, every process of one App publishes a heartbeat every quarter of the
+bound on the topic `<app_id>-liveness` (from a thread of its own, so a long batch or restore does not stop it) and
+reads everyone's. When a peer it has heard from is silent for longer than the bound, while this process heard its
+own heartbeats throughout (so its own reading works and it was not paused itself), it
+    1. fences the peer's per-process producer (init_transactions on its transactional.id): its open transaction is
+       aborted now instead of after TRANSACTION_TIMEOUT_MS;
+    2. removes the peer's member from the group (LeaveGroup for that member, KIP-345's admin removal): the group
+       rebalances now instead of after the session time-out.
+Both are what the protocol already survives from any zombie: a peer that was only paused (a false positive) finds
+its producer fenced (its partitions dropped, taken over again with a new producer) and its membership gone (its
+partitions lost, then it rejoins). Nothing it had not committed becomes visible; exactly once holds. The cost of a
+false positive is one rebalance and a restore. A process that stops cleanly says so in its last heartbeat and is not
+removed (it left the group itself, or, as a static member, is expected back within the session time-out).
+
+confluent-kafka's AdminClient (librdkafka 2.16) has no "remove members from consumer group"; the removal uses
+kafka-python's KafkaAdminClient.remove_group_members (LeaveGroup v3+), imported only when the feature is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from pipeline.settings import ConfigError, Settings
+
+log = logging.getLogger(__name__)
+
+# librdkafka property -> kafka-python admin argument: what a secured cluster needs to reach the group coordinator.
+KAFKA_PYTHON_CONFIG = {
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+}
+LIVENESS_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3_600_000)}
+
+
+def liveness_topic(app_id: str) -> str:
+    return f"{app_id}-liveness"
+
+
+def beat_interval_s(bound_ms: int) -> float:
+    return max(0.02, bound_ms / 4000)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat: who is alive, under which names the group and the transaction coordinator know it."""
+
+    incarnation: str  # unique per process start
+    member_id: str = ""  # the consumer's member id ("" until it joined)
+    instance_id: str = ""  # GROUP_INSTANCE_ID ("" for a dynamic member)
+    transactional_id: str = ""  # PRODUCERS=per_process: the process's producer ("" otherwise)
+    stopping: bool = False  # a clean stop: not to be removed
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Beat | None:
+        try:
+            return cls(**orjson.loads(raw))
+        except (orjson.JSONDecodeError, TypeError):
+            return None
+
+
+@dataclass
+class Peers:
+    """What this process heard, on its own monotonic clock (another host's clock is never compared): the pure part of
+    the detector, tested without a broker."""
+
+    me: str  # my incarnation
+    bound_s: float
+    last_heard: dict[str, float] = field(default_factory=dict)  # incarnation -> when its last beat arrived
+    beats: dict[str, Beat] = field(default_factory=dict)
+    judged: set[str] = field(default_factory=set)  # incarnations acted on (once each)
+    last_turn: float | None = None
+
+    def heard(self, beat: Beat, now: float) -> None:
+        self.last_heard[beat.incarnation] = now
+        self.beats[beat.incarnation] = beat
+
+    def silent(self, now: float) -> list[Beat]:
+        """The peers to remove now. None while this process did not hear itself within the bound (its reading is
+        stuck) or was itself stopped for half the bound since its last turn (paused: everyone looks silent then);
+        every peer's silence then counts from now."""
+        paused = self.last_turn is not None and now - self.last_turn > self.bound_s / 2
+        self.last_turn = now
+        if paused or now - self.last_heard.get(self.me, float("-inf")) > self.bound_s:
+            for incarnation in self.last_heard:
+                self.last_heard[incarnation] = max(self.last_heard[incarnation], now)
+            return []
+        newest = {b.instance_id: b.incarnation for b in self.beats.values() if b.instance_id}  # dict keeps the last
+        dead = []
+        for incarnation, heard_at in self.last_heard.items():
+            beat = self.beats[incarnation]
+            if incarnation == self.me or incarnation in self.judged or beat.stopping or not beat.member_id:
+                continue
+            if now - heard_at > self.bound_s:
+                self.judged.add(incarnation)
+                # a static member already back under a new incarnation keeps its name: only its old member goes
+                if beat.instance_id and newest.get(beat.instance_id) != incarnation:
+                    dead.append(Beat(incarnation, beat.member_id, beat.instance_id))
+                else:
+                    dead.append(beat)
+        return dead
+
+
+def kafka_python_config(settings: Settings) -> dict[str, Any]:
+    """The kafka-python admin's configuration; ConfigError naming FAILURE_DETECTION_MS for a security property it
+    cannot be given (it would fail to connect, and detection would be silently off)."""
+    config: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(",")}
+    for name, value in settings.kafka.items():
+        if name in KAFKA_PYTHON_CONFIG:
+            config[KAFKA_PYTHON_CONFIG[name]] = str(value)
+        elif name.startswith(("sasl.", "ssl.")):
+            raise ConfigError(
+                f"FAILURE_DETECTION_MS: the Kafka property {name} cannot be passed to the group admin client "
+                f"(supported: {', '.join(sorted(KAFKA_PYTHON_CONFIG))}); set FAILURE_DETECTION_MS=0 or use those"
+            )
+    return config
+
+
+def group_remover(settings: Settings, group: str) -> Callable[[Beat], str]:
+    """remove(beat) -> the broker's answer for that member (LeaveGroup v3+ through kafka-python)."""
+    try:
+        from kafka.admin import KafkaAdminClient, MemberToRemove
+    except ImportError as e:
+        raise ConfigError("FAILURE_DETECTION_MS needs the package kafka-python (pip install kafka-python)") from e
+    config = kafka_python_config(settings)
+    admin: list[Any] = []
+
+    def remove(beat: Beat) -> str:
+        if not admin:
+            admin.append(KafkaAdminClient(**config, request_timeout_ms=settings.request_timeout_ms))
+        member = MemberToRemove(member_id=beat.member_id, group_instance_id=beat.instance_id or None)
+        result = admin[0].remove_group_members(group, [member])
+        return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
+
+    return remove
+
+
+class Liveness:
+    """The heartbeat thread of one process: publishes its Beat, reads its peers', acts on the silent ones."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client_config: Mapping[str, Any],
+        group: str,
+        topic: str,
+        *,
+        transactional_id: str = "",
+        member_id: Callable[[], str] = lambda: "",
+        remove: Callable[[Beat], str] | None = None,
+        fence: Callable[[str], None] | None = None,
+    ) -> None:
+        self.bound_ms = settings.failure_detection_ms
+        self.beat = Beat(uuid.uuid4().hex, instance_id=settings.group_instance_id, transactional_id=transactional_id)
+        self.peers = Peers(self.beat.incarnation, self.bound_ms / 1000)
+        self._settings, self._config, self._group, self._topic = settings, dict(client_config), group, topic
+        self._remove = remove or group_remover(settings, group)
+        self._fence = fence or self._fence_producer
+        self._member_id = member_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+        self._producer = Producer({**self._config, "linger.ms": 0, "acks": "all"})
+        self._consumer = Consumer(
+            {**self._config, "group.id": f"{group}.liveness", "enable.auto.commit": False, "fetch.wait.max.ms": 20}
+        )
+        self.removed: list[Beat] = []  # what this process removed (for tests and logs)
+
+    def start(self) -> Liveness:
+        admin = AdminClient(self._config)
+        futures = admin.create_topics([NewTopic(self._topic, 1, -1, config=LIVENESS_TOPIC_CONFIG)])
+        with contextlib.suppress(KafkaException):  # it exists (another instance created it), or fails below
+            futures[self._topic].result(self._settings.request_timeout_ms / 1000)
+        self._consumer.assign([TopicPartition(self._topic, 0, OFFSET_END)])
+        self._thread.start()
+        return self
+
+    def _joined(self) -> None:
+        """The consumer's member id as it is now (a new one after every rejoin of a removed member)."""
+        with contextlib.suppress(RuntimeError, KafkaException):  # closed, or not joined yet
+            member_id = self._member_id() or ""
+            if member_id and member_id != self.beat.member_id:
+                self.beat = Beat(self.beat.incarnation, member_id, self.beat.instance_id, self.beat.transactional_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.beat = Beat(**{**asdict(self.beat), "stopping": True})
+        self._publish()
+        self._producer.flush(self._settings.request_timeout_ms / 1000)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        interval = beat_interval_s(self.bound_ms)
+        while not self._stop.is_set():
+            self._joined()
+            self._publish()
+            self._read()
+            for beat in self.peers.silent(time.monotonic()):
+                self._act(beat)
+            self._stop.wait(interval)
+
+    def _publish(self) -> None:
+        with contextlib.suppress(BufferError, KafkaException):  # a missed beat is what the bound is for
+            self._producer.produce(self._topic, self.beat.encode(), key=self.beat.incarnation.encode())
+        self._producer.poll(0)
+
+    def _read(self) -> None:
+        for message in self._consumer.consume(1000, 0.01):
+            if message.error() is None and (beat := Beat.decode(message.value() or b"")) is not None:  # b"": None
+                self.peers.heard(beat, time.monotonic())
+
+    def _act(self, beat: Beat) -> None:
+        silent_ms = self.bound_ms
+        log.warning(
+            "member %s (%s) silent for over %d ms: fencing its producer and removing it from the group",
+            beat.member_id,
+            beat.instance_id or "dynamic",
+            silent_ms,
+        )
+        try:
+            if beat.transactional_id:
+                self._fence(beat.transactional_id)
+            answer = self._remove(beat)
+            self.removed.append(beat)
+            log.warning("member %s removed from group %s: %s", beat.member_id, self._group, answer)
+        except Exception as e:
+            log.error("could not remove member %s from group %s: %s", beat.member_id, self._group, e)
+
+    def _fence_producer(self, transactional_id: str) -> None:
+        """init_transactions under the silent process's transactional.id aborts what it left open."""
+        producer = Producer({**self._config, "transactional.id": transactional_id})
+        producer.init_transactions(self._settings.request_timeout_ms / 1000)
+        producer.flush(1)
