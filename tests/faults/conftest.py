@@ -10,6 +10,8 @@ import pytest
 
 from pipeline.loading import load_app
 from pipeline.testing.faults import FaultRun, Outcome
+from pipeline.testing.harness import Fleet, Instance, group_owners
+from tests.support import eventually
 
 PARTITIONS = 3
 
@@ -39,3 +41,17 @@ def assert_exactly_once(outcome: Outcome) -> None:
     assert outcome.verdict is not None, f"did not catch up, lag per partition {outcome.stuck}\n{outcome.logs}"
     assert not outcome.phantoms, f"a read_committed observer saw records the final drain lacks: {outcome.phantoms[:5]}"
     assert outcome.verdict.ok, outcome.verdict.summary() + "\n" + outcome.logs
+
+
+def busiest_owner(run: FaultRun, fleet: Fleet) -> Instance:
+    """Once both instances own partitions, the one owning the most: the one to make a zombie or to kill. Picking the
+    first started instead made a zombie of an instance that, on a loaded machine, had not joined yet (it was paused
+    owning nothing, and the test proved nothing)."""
+
+    def both_own() -> dict[str, list[int]] | None:
+        owners = group_owners(run.bootstrap, run.app_id)
+        return owners if len(owners) == 2 and all(owners.values()) else None
+
+    owners = eventually(both_own, timeout_s=60, interval_s=0.2)
+    busiest = max(owners, key=lambda name: len(owners[name]))
+    return next(i for i in fleet.alive if i.name == busiest)

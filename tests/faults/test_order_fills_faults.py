@@ -10,7 +10,7 @@ import time
 
 from pipeline.examples import order_fills
 from pipeline.testing.faults import FAULTS
-from tests.faults.conftest import PARTITIONS, assert_exactly_once
+from tests.faults.conftest import PARTITIONS, assert_exactly_once, busiest_owner
 from tests.support import eventually
 
 SPEC = "pipeline.examples.order_fills:app"
@@ -41,7 +41,7 @@ def test_orders_and_fills_exactly_once_with_a_zombie_then_a_sigterm(fault_run):
     run.feed(list(order_fills.generate(6_000, PARTITIONS, 22)), seconds=14)
     fleet = run.start(2)
     eventually(lambda: len(run.observer.records) > 0, timeout_s=30)
-    zombie = fleet.alive[0]
+    zombie = busiest_owner(run, fleet)
     zombie.pause()  # mid-merge, a transaction open: the other instance fences it and restores both inputs' offsets
     time.sleep(9)  # past session.timeout.ms (6 s)
     zombie.resume()

@@ -9,7 +9,7 @@ import time
 from pipeline.examples import windowed_totals
 from pipeline.testing import inputs
 from pipeline.testing.harness import wait_caught_up
-from tests.faults.conftest import PARTITIONS, assert_exactly_once
+from tests.faults.conftest import PARTITIONS, assert_exactly_once, busiest_owner
 from tests.support import eventually
 
 WINDOWED = "pipeline.examples.windowed_totals:app"
@@ -47,8 +47,8 @@ def test_windows_close_exactly_once_with_a_zombie_past_the_session_timeout(fault
     run.feed(list(windowed_totals.generate(15_000, PARTITIONS, 12)), seconds=12)
     fleet = run.start(2)
     eventually(lambda: len(run.observer.records) > 0, timeout_s=30)
+    zombie = busiest_owner(run, fleet)
     time.sleep(1)
-    zombie = fleet.alive[0]
     zombie.pause()  # mid-stream: windows scheduled, some firing in its open transaction
     time.sleep(9)  # past session.timeout.ms (6 s): the other instance takes over, fences and restores the timers
     zombie.resume()
