@@ -33,7 +33,6 @@ from typing import Any
 
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.settings import ConfigError, Settings
 
@@ -190,10 +189,7 @@ class Liveness:
         self.removed: list[Beat] = []  # what this process removed (for tests and logs)
 
     def start(self) -> Liveness:
-        admin = AdminClient(self._config)
-        futures = admin.create_topics([NewTopic(self._topic, 1, -1, config=LIVENESS_TOPIC_CONFIG)])
-        with contextlib.suppress(KafkaException):  # it exists (another instance created it), or fails below
-            futures[self._topic].result(self._settings.request_timeout_ms / 1000)
+        """The topic exists: the runner created it with its internal topics (pipeline/sinks/kafka/takeover.py)."""
         self._consumer.assign([TopicPartition(self._topic, 0, OFFSET_END)])
         self._thread.start()
         return self
