@@ -10,7 +10,7 @@ log level, its slot. Each worker runs the service as a single process does (pipe
                                         it is not set (static members need distinct ids; under PRODUCERS=per_process
                                         the producer is named after it, so a restarted worker aborts what the killed
                                         one left open at once: docs/guarantees.md, zombies-stay-out)
-    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics of all, /ready, /live)
+    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all)
     PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
 The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
 A worker that exits is started again in its slot at once: under its static id it takes its membership and its
@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 
 from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
-from pipeline.settings import Settings
+from pipeline.settings import Settings, live_timeout_ms
 
 if TYPE_CHECKING:
     from pipeline.kafka.liveness import Announcer
@@ -317,6 +317,19 @@ class WorkerMetrics:
             if sample.value == 1 and "pid" in sample.labels
         }
 
+    def stuck_pids(self, timeout_s: float, now: float | None = None) -> set[int]:
+        """The worker processes whose poll loop last turned longer than `timeout_s` ago (LIVE_TIMEOUT_MS), by the
+        pipeline_loop_last_turn_timestamp_seconds gauge each one sets. One still starting has not set it: not stuck
+        (its start is bounded by its own time-outs)."""
+        now = time.time() if now is None else now
+        return {
+            int(sample.labels["pid"])
+            for metric in self._workers_only.collect()
+            if metric.name == "pipeline_loop_last_turn_timestamp_seconds"
+            for sample in metric.samples
+            if sample.value > 0 and now - sample.value > timeout_s and "pid" in sample.labels
+        }
+
     def forget(self, slot: Slot, pid: int) -> None:
         """A worker exited: its live gauges leave the exposition (its counters stay: the totals do not go back)."""
         multiprocess.mark_process_dead(pid, self.directory)
@@ -373,8 +386,11 @@ def _supervise(
         def is_ready() -> bool:  # every worker up, and each one's every partition restored
             return supervisor.all_running() and _pids(supervisor.running()) <= metrics.ready_pids()
 
+        def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
+            return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
+
         port = settings.metrics_port
-        health = HealthServer(metrics, is_ready, port).start() if port else None
+        health = HealthServer(metrics, is_ready, port, is_live=is_live).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:

@@ -104,11 +104,12 @@ class PollLoop:
         return len(self._owned_partitions())
 
     def _update_gauges(self) -> None:
-        """Readiness and lag, at most once a second."""
+        """Readiness, the last turn and lag, at most once a second."""
         now = time.monotonic()
         if now < self._next_gauge_update:
             return
         self._next_gauge_update = now + 1.0
+        self.metrics.loop_turned.set(time.time())
         self.metrics.ready.set(1 if self.is_ready() else 0)
         self._count_stopped()
         for p, owned in self._owned_partitions().items():

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
+import urllib.error
+import urllib.request
 
 from confluent_kafka.admin import AdminClient
 
@@ -112,3 +115,42 @@ def test_with_fast_detection_a_restarted_worker_takes_its_slot_back_without_a_re
     assert "told the peers of totals-host-w1 that it is restarting" in until_back
     assert_exactly_once(outcome)
     assert outcome.verdict.outputs == 20_000
+
+
+def status(port: int, path: str = "/live") -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except urllib.error.URLError:
+        return 0  # not served yet
+
+
+def test_the_supervisors_live_is_503_while_a_workers_loop_is_stuck(fault_run):
+    """`/live` of `--workers 2` (the one endpoint an orchestrator probes) follows every worker's poll loop: 503 while
+    one worker is stopped (SIGSTOP: a loop that does not turn) past LIVE_TIMEOUT_MS, 200 again once it turns; the
+    run stays exactly once. LIVE_TIMEOUT_MS must exceed the longest healthy turn: short time-outs keep it at 21 s."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeouts = {"transaction_timeout_ms": "4000", "request_timeout_ms": "4000", "live_timeout_ms": "21000"}
+    run = fault_run(TOTALS, group_instance_id="totals-host", metrics_port=str(port), **timeouts)
+    run.feed(list(inputs.running_totals_records(10_000, partitions=PARTITIONS, seed=13)), seconds=10)
+    fleet = run.start(0)
+    fleet.run_args = ("--workers", "2")
+    (supervisor,) = fleet.start(1)
+    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    eventually(lambda: status(port, "/ready") == 200, 60, 0.5)  # both workers' loops turn (before: not judged)
+    assert status(port) == 200
+    stuck = worker_pids(supervisor)[1]
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        eventually(lambda: status(port) == 503, 40, 0.5)
+    finally:
+        os.kill(stuck, signal.SIGCONT)
+    eventually(lambda: status(port) == 200, 30, 0.5)
+    outcome = run.finish()
+    assert worker_pids(supervisor)[1] == stuck  # stuck, not dead: nobody restarted it
+    assert_exactly_once(outcome)
+    assert outcome.verdict.outputs == 10_000
