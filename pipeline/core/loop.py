@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -55,6 +55,7 @@ class PollLoop:
         self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
+        self.on_join: Callable[[str], None] = lambda member_id: None  # after every (re)join: the member id
 
     def run(self) -> None:
         self.open()
@@ -183,6 +184,7 @@ class PollLoop:
         return cast(dict[int, list[Consumed]], batches)  # errors dropped above: records, with their coordinates
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.on_join(consumer.memberid() or "")  # here, on the consumer's thread: from another, memberid() waits
         # Cooperative rebalancing often hands out nothing new. Do not ask the coordinator about "no partitions":
         # committed([]) inside this callback was seen to time out for 30 s in a busy group, and block SIGTERM.
         if partitions:

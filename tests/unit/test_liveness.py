@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.kafka.liveness import Beat, Peers, kafka_python_config
+from pipeline.kafka.liveness import Beat, Liveness, Peers, kafka_python_config
 from pipeline.settings import ConfigError, Settings
 
 BOUND_S = 1.0
@@ -140,3 +140,21 @@ def test_a_beat_of_a_later_version_is_read_and_garbage_is_not() -> None:
     later = b'{"incarnation": "x", "member_id": "m", "instance_id": "", "transactional_id": "", "zone": "b"}'
     assert Beat.decode(later) == Beat("x", "m")
     assert Beat.decode(b"[1]") is None and Beat.decode(b"not json") is None
+
+
+def test_the_runner_tells_the_heartbeat_its_member_id() -> None:
+    """Liveness.joined, called from the rebalance callback: the beat names the member from then on (never asked from
+    the heartbeat thread, where memberid() waits for the poll loop's poll)."""
+    liveness = Liveness(
+        Settings(failure_detection_ms=1000, group_instance_id="host-w0"),
+        {"bootstrap.servers": "127.0.0.1:1"},  # nothing is sent: the thread is not started
+        "app",
+        "app-liveness",
+        remove=lambda beat: "",
+        fence=lambda transactional_id: None,
+    )
+    incarnation = liveness.beat.incarnation
+    liveness.joined("")
+    assert liveness.beat.member_id == ""
+    liveness.joined("m-1")
+    assert liveness.beat == Beat(incarnation, "m-1", "host-w0")

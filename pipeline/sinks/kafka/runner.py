@@ -255,8 +255,8 @@ class KafkaRunner(TakeOver, PollLoop):
         takeover.prepare_topics(self.admin, names, self.settings, self.app.stateful)
         # Beating from here on, before the slow steps (global tables, the fence, joining): a restarted static member's
         # peers hear its new incarnation before the old one's silence reaches the bound, and leave its place to it.
-        member_id = lambda: (self.consumer.memberid() or "") if self.consumer is not None else ""  # noqa: E731
-        self.liveness = takeover.start_liveness(self.settings, self.app_id, member_id, self._process_txn_id)
+        self.liveness = takeover.start_liveness(self.settings, self.app_id, self._process_txn_id)
+        self.on_join = self.liveness.joined if self.liveness is not None else self.on_join
         if self.global_tables is not None:  # before joining the group: before any task processes
             self.global_tables.restore()
         self.consumer = Consumer(consumer_config(self.settings, self.app_id))

@@ -6,7 +6,7 @@ then assign, then restore (docs/guarantees.md: fence-first)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -61,9 +61,7 @@ def prepare_topics(admin: AdminClient, names: Names, settings: Settings, statefu
     check_service(admin, names, settings, stateful=stateful, phase=AFTER_TOPICS)
 
 
-def start_liveness(
-    settings: Settings, app_id: str, member_id: Callable[[], str], process_txn_id: str
-) -> Liveness | None:
+def start_liveness(settings: Settings, app_id: str, process_txn_id: str) -> Liveness | None:
     """FAILURE_DETECTION_MS > 0: the heartbeat thread that finds silent peers, fences their per-process producer and
     removes them from the group (pipeline/kafka/liveness.py); it names this process's producer under per_process,
     so that its peers can do the same for it."""
@@ -76,7 +74,6 @@ def start_liveness(
         app_id,
         liveness_topic(app_id),
         transactional_id=process_txn_id if per_process else "",
-        member_id=member_id,
     ).start()
 
 
