@@ -11,13 +11,15 @@ setup:
 # requirements/*.txt: the exact versions and hashes that setup (dev.txt), the service image (service.txt) and the
 # compaction image (compaction.txt) install, resolved by uv from pyproject.toml's ranges for every platform. Versions
 # already locked stay unless pyproject.toml excludes them; `make lock UPGRADE=1` moves all to the newest allowed. The
-# image locks are constrained by dev.txt: CI tests the very versions the images ship.
+# image locks are constrained by dev.txt: CI tests the very versions the images ship. airflow.txt is the Airflow that
+# tests/infra/test_airflow_dag.py runs the DAG in (deploy/local/airflow.sh venv): a venv of its own, so unconstrained.
 LOCK_ARGS = --quiet --universal --python-version 3.11 --generate-hashes --custom-compile-command "make lock" \
 	$(if $(UPGRADE),--upgrade)
 lock: setup
 	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra dev -o requirements/dev.txt
 	$(UV) pip compile $(LOCK_ARGS) pyproject.toml -c requirements/dev.txt -o requirements/service.txt
 	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra spark -c requirements/dev.txt -o requirements/compaction.txt
+	$(UV) pip compile $(LOCK_ARGS) requirements/airflow.in -o requirements/airflow.txt
 
 demo: setup
 	deploy/local/kafka.sh start

@@ -16,7 +16,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 KAFKA_LIBS="$CACHE_DIR/kafka-$KAFKA_VERSION/libs"
 READY_TIMEOUT_S="${KAFKA_READY_TIMEOUT_S:-90}"
-HEAP="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
+# One full `make test` leaves ~2,800 partitions behind (every test has topics of its own). At 512 MB a broker kept
+# across runs (KEEP_KAFKA=1) ran out of heap near 14,000 partitions: long GC pauses first, which the tests saw as
+# fetch stalls and undelivered records, then OutOfMemoryError. 1 GB leaves room for several runs; `stop --wipe`
+# starts over.
+HEAP="${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
 
 MODE=single
 if [[ "${1:-}" == "--cluster" || "${1:-}" == "--secure" ]]; then

@@ -75,7 +75,11 @@ def test_a_certificate_from_another_ca_is_not_trusted(kafka_secure, tmp_path: Pa
         capture_output=True,
     )
     error = first_error(kafka_secure.client_config("pipeline", ca_location=str(other_ca)))
-    assert error is not None and error.code() in (KafkaError._SSL, KafkaError._ALL_BROKERS_DOWN), error
+    assert error is not None, "a client trusting another CA connected"
+    # librdkafka reports the failed handshake as _SSL, or as _TRANSPORT when the broker's certificate is refused while
+    # the connection is set up (seen in one full run): either way it must be the verification that failed.
+    ssl_failed = error.code() in (KafkaError._SSL, KafkaError._ALL_BROKERS_DOWN)
+    assert ssl_failed or (error.code() == KafkaError._TRANSPORT and "certificate verify failed" in error.str()), error
     assert not _metadata_ok(kafka_secure.client_config("pipeline", ca_location=str(other_ca)))
 
 
