@@ -57,6 +57,13 @@ class Metrics:
         self.ready = Gauge(
             "pipeline_ready", "1 when every owned partition is restored", registry=r, multiprocess_mode="liveall"
         )
+        # Wall clock, set at most once a second by the poll loop: the supervisor's /live needs each worker's.
+        self.loop_turned = Gauge(
+            "pipeline_loop_last_turn_timestamp_seconds",
+            "When the poll loop last turned (Unix time, to within a second)",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
 
     def _partition_metrics(self, r: CollectorRegistry) -> None:
         """What happens to partitions and records: fences, losses, dead letters, errors, restores, lag."""

@@ -10,11 +10,13 @@ log level, its slot. Each worker runs the service as a single process does (pipe
                                         it is not set (static members need distinct ids; under PRODUCERS=per_process
                                         the producer is named after it, so a restarted worker aborts what the killed
                                         one left open at once: docs/guarantees.md, zombies-stay-out)
-    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics of all, /ready, /live)
+    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all)
     PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
 The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
 A worker that exits is started again in its slot at once: under its static id it takes its membership and its
-partitions back without waiting for the session time-out or a rebalance (issue 22). One that keeps failing within a
+partitions back without waiting for the session time-out or a rebalance (issue 22); with FAILURE_DETECTION_MS, the
+supervisor first tells the peers' detectors so on the heartbeat topic (pipeline/kafka/liveness.py: Announcer), or they
+would remove the dead one just before the new one joins: a second rebalance. One that keeps failing within a
 minute of its start waits 1 s, then doubling up to 30 s. Two supervisors of one group on one host would give their
 workers the same ids: a lock file per group and id (in the temporary directory) refuses the second (exit code 2).
 Exit code 2 of a worker (configuration or usage error) stops everything instead: a restart would fail the same way.
@@ -41,13 +43,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
 from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
-from pipeline.settings import Settings
+from pipeline.settings import Settings, live_timeout_ms
+
+if TYPE_CHECKING:
+    from pipeline.kafka.liveness import Announcer
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +317,19 @@ class WorkerMetrics:
             if sample.value == 1 and "pid" in sample.labels
         }
 
+    def stuck_pids(self, timeout_s: float, now: float | None = None) -> set[int]:
+        """The worker processes whose poll loop last turned longer than `timeout_s` ago (LIVE_TIMEOUT_MS), by the
+        pipeline_loop_last_turn_timestamp_seconds gauge each one sets. One still starting has not set it: not stuck
+        (its start is bounded by its own time-outs)."""
+        now = time.time() if now is None else now
+        return {
+            int(sample.labels["pid"])
+            for metric in self._workers_only.collect()
+            if metric.name == "pipeline_loop_last_turn_timestamp_seconds"
+            for sample in metric.samples
+            if sample.value > 0 and now - sample.value > timeout_s and "pid" in sample.labels
+        }
+
     def forget(self, slot: Slot, pid: int) -> None:
         """A worker exited: its live gauges leave the exposition (its counters stay: the totals do not go back)."""
         multiprocess.mark_process_dead(pid, self.directory)
@@ -327,13 +345,15 @@ def supervise(
     stopped cleanly. `group`: the consumer group (APP_ID or the App's name), for the lock on the workers' ids."""
     try:
         with instance_ids_lock(group or app, instance_id_base(settings)):
-            return _supervise(app, settings, workers, log_level, stop_requested)
+            return _supervise(app, settings, workers, log_level, stop_requested, group or app)
     except InstanceIdsTaken as e:
         log.error("%s", e)
         return CONFIG_ERROR_EXIT
 
 
-def _supervise(app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event) -> int:
+def _supervise(
+    app: str, settings: Settings, workers: int, log_level: str, stop_requested: threading.Event, group: str
+) -> int:
     kill_requested = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -347,20 +367,30 @@ def _supervise(app: str, settings: Settings, workers: int, log_level: str, stop_
         return 0
     with tempfile.TemporaryDirectory(prefix="pipeline-metrics-") as metrics_dir:
         metrics = WorkerMetrics(metrics_dir)
+        announcer = _announcer(settings, group)
+
+        def on_restart(slot: Slot) -> None:
+            metrics.restarted(slot)
+            if announcer is not None:
+                announcer.restarting(worker_settings(settings, slot.index).group_instance_id)
+
         supervisor = Supervisor(
             workers,
             worker_command(os.getpid()),
             lambda slot: worker_env(os.environ, slot, metrics_dir),
             payload_of=lambda slot: pickle.dumps(WorkerSpec(app, worker_settings(settings, slot), log_level, slot)),
             on_exit=metrics.forget,
-            on_restart=metrics.restarted,
+            on_restart=on_restart,
         )
 
         def is_ready() -> bool:  # every worker up, and each one's every partition restored
             return supervisor.all_running() and _pids(supervisor.running()) <= metrics.ready_pids()
 
+        def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
+            return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
+
         port = settings.metrics_port
-        health = HealthServer(metrics, is_ready, port).start() if port else None
+        health = HealthServer(metrics, is_ready, port, is_live=is_live).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:
@@ -371,6 +401,8 @@ def _supervise(app: str, settings: Settings, workers: int, log_level: str, stop_
             _wait_stopped(supervisor, kill_requested)
             if health:
                 health.stop()
+            if announcer is not None:
+                announcer.close()
     if code is not None:
         return code
     if supervisor.unclean:
@@ -378,6 +410,17 @@ def _supervise(app: str, settings: Settings, workers: int, log_level: str, stop_
         return 1
     log.info("all %d workers stopped", workers)
     return 0
+
+
+def _announcer(settings: Settings, group: str) -> Announcer | None:
+    """FAILURE_DETECTION_MS > 0: what tells the workers' peers that a worker restarted at once is coming back, so
+    that their detectors leave its place to it (pipeline/kafka/liveness.py: Announcer). Imported only then."""
+    if settings.failure_detection_ms <= 0:
+        return None
+    from pipeline.kafka.clients import client_config
+    from pipeline.kafka.liveness import Announcer, liveness_topic
+
+    return Announcer(settings, client_config(settings), liveness_topic(group))
 
 
 def _watch(supervisor: Supervisor, stop_requested: threading.Event) -> int | None:

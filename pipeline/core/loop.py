@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
@@ -55,6 +55,7 @@ class PollLoop:
         self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
+        self.on_join: Callable[[str], None] = lambda member_id: None  # after every (re)join: the member id
 
     def run(self) -> None:
         self.open()
@@ -104,11 +105,12 @@ class PollLoop:
         return len(self._owned_partitions())
 
     def _update_gauges(self) -> None:
-        """Readiness and lag, at most once a second."""
+        """Readiness, the last turn and lag, at most once a second."""
         now = time.monotonic()
         if now < self._next_gauge_update:
             return
         self._next_gauge_update = now + 1.0
+        self.metrics.loop_turned.set(time.time())
         self.metrics.ready.set(1 if self.is_ready() else 0)
         self._count_stopped()
         for p, owned in self._owned_partitions().items():
@@ -182,6 +184,7 @@ class PollLoop:
         return cast(dict[int, list[Consumed]], batches)  # errors dropped above: records, with their coordinates
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.on_join(consumer.memberid() or "")  # here, on the consumer's thread: from another, memberid() waits
         # Cooperative rebalancing often hands out nothing new. Do not ask the coordinator about "no partitions":
         # committed([]) inside this callback was seen to time out for 30 s in a busy group, and block SIGTERM.
         if partitions:

@@ -75,6 +75,11 @@ class Names:
         return self.dead_letter_topic or f"{self.app_id}-dlq"
 
     @property
+    def liveness(self) -> str:
+        """FAILURE_DETECTION_MS's heartbeat topic (pipeline/kafka/liveness.py)."""
+        return f"{self.app_id}-liveness"
+
+    @property
     def transactional_id_prefix(self) -> str:
         """Every transactional id of the service starts with it: `<app_id>.<input topic>.<partition>`
         (PRODUCERS=per_partition) or `<app_id>.<input topic>.process-<instance id or random>` (per_process)."""
@@ -88,9 +93,12 @@ def pipeline_acls(
     exactly_once: bool = True,
     create_internal_topics: bool = True,
     snapshot_on_shutdown: bool = False,
+    failure_detection: bool = False,
 ) -> list[Acl]:
     """What `pipeline run` with the Kafka sink needs, and nothing more. A stateless app has no changelog and no
-    snapshots; at_least_once has no transactional producers."""
+    snapshots; at_least_once has no transactional producers. `failure_detection` (FAILURE_DETECTION_MS > 0) adds the
+    heartbeat topic; what its removal of a silent peer needs is already here: LeaveGroup is authorized by READ on the
+    group, and the fence of the peer's per-process producer by the transactional-id prefix that covers it."""
     acls = [
         Acl("topic", n.input_topic, ("READ",), "the group consumer"),
         *(Acl("topic", t, ("READ",), "an input or table beside the first input") for t in n.co_partitioned),
@@ -107,9 +115,12 @@ def pipeline_acls(
                 "full snapshots read by restores" + (" and written on shutdown" if snapshot_on_shutdown else ""),
             ),
         ]
+    if failure_detection:
+        acls.append(Acl("topic", n.liveness, ("READ", "WRITE"), "FAILURE_DETECTION_MS: heartbeats, own and peers'"))
+    group_why = "membership, committed offsets, send_offsets_to_transaction"
     acls += [
         Acl("topic", n.dead_letters, ("WRITE",), "dead letters"),
-        Acl("group", n.app_id, ("READ",), "membership, committed offsets, send_offsets_to_transaction"),
+        Acl("group", n.app_id, ("READ",), group_why + ("; LeaveGroup of a silent peer" if failure_detection else "")),
     ]
     if exactly_once:
         acls.append(
@@ -118,12 +129,14 @@ def pipeline_acls(
                 n.transactional_id_prefix,
                 ("WRITE", "DESCRIBE"),
                 "the transactional producers, named app_id.input_topic.<partition> (PRODUCERS=per_partition) "
-                "or app_id.input_topic.process-<id> (per_process)",
+                "or app_id.input_topic.process-<id> (per_process)"
+                + ("; a silent peer's per_process producer, fenced" if failure_detection else ""),
                 prefixed=True,
             )
         )
     if create_internal_topics:
-        internal = (n.changelog, n.snapshots, n.dead_letters) if stateful else (n.dead_letters,)
+        internal: tuple[str, ...] = (n.changelog, n.snapshots, n.dead_letters) if stateful else (n.dead_letters,)
+        internal += (n.liveness,) if failure_detection else ()
         acls += [
             Acl("topic", t, ("CREATE",), "created at start-up if missing (pre-create them and drop this)")
             for t in internal
@@ -141,6 +154,7 @@ def service_acls(n: Names, settings: Settings, *, stateful: bool, create_interna
         exactly_once=settings.exactly_once,
         create_internal_topics=create_internal_topics,
         snapshot_on_shutdown=settings.snapshot_on_shutdown,
+        failure_detection=settings.failure_detection_ms > 0,
     )
 
 

@@ -14,7 +14,11 @@ Both are what the protocol already survives from any zombie: a peer that was onl
 its producer fenced (its partitions dropped, taken over again with a new producer) and its membership gone (its
 partitions lost, then it rejoins). Nothing it had not committed becomes visible; exactly once holds. The cost of a
 false positive is one rebalance and a restore. A process that stops cleanly says so in its last heartbeat and is not
-removed (it left the group itself, or, as a static member, is expected back within the session time-out).
+removed (it left the group itself, or, as a static member, is expected back within the session time-out). Nor is
+a static member whose new incarnation (restarted under the same GROUP_INSTANCE_ID, e.g. by the supervisor) is
+beating: that one takes the old one's place in the group without a rebalance and aborts its transaction with its own
+init_transactions; removing the old one would cost a rebalance there and another when the new one joins. Leaving a
+member alone is always safe (the session and transaction time-outs still end it); only acting is a speed-up.
 
 confluent-kafka's AdminClient (librdkafka 2.16) has no "remove members from consumer group"; the removal uses
 kafka-python's KafkaAdminClient.remove_group_members (LeaveGroup v3+), imported only when the feature is on.
@@ -33,7 +37,6 @@ from typing import Any
 
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.settings import ConfigError, Settings
 
@@ -71,15 +74,20 @@ class Beat:
     instance_id: str = ""  # GROUP_INSTANCE_ID ("" for a dynamic member)
     transactional_id: str = ""  # PRODUCERS=per_process: the process's producer ("" otherwise)
     stopping: bool = False  # a clean stop: not to be removed
+    # > 0: not a process's beat but its supervisor's word that it restarts this instance id now (Announcer): the old
+    # incarnation's place is kept for the new one this long, unless the new one's own beats stop sooner
+    starting_ms: int = 0
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
 
     @classmethod
     def decode(cls, raw: bytes) -> Beat | None:
+        """None for what is not a beat; fields a later version adds are ignored (peers of two versions, mid-upgrade)."""
         try:
-            return cls(**orjson.loads(raw))
-        except (orjson.JSONDecodeError, TypeError):
+            fields = orjson.loads(raw)
+            return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+        except (orjson.JSONDecodeError, TypeError, AttributeError):
             return None
 
 
@@ -115,14 +123,27 @@ class Peers:
             beat = self.beats[incarnation]
             if incarnation == self.me or incarnation in self.judged or beat.stopping or not beat.member_id:
                 continue
+            successor = newest.get(beat.instance_id, incarnation)
+            if successor != incarnation and self._replaced_by(successor, incarnation, now):
+                continue
             if now - heard_at > self.bound_s:
                 self.judged.add(incarnation)
-                # a static member already back under a new incarnation keeps its name: only its old member goes
-                if beat.instance_id and newest.get(beat.instance_id) != incarnation:
-                    dead.append(Beat(incarnation, beat.member_id, beat.instance_id))
-                else:
-                    dead.append(beat)
+                dead.append(beat)
         return dead
+
+    def _replaced_by(self, successor: str, incarnation: str, now: float) -> bool:
+        """Whether a static member's new incarnation (a restart under the same GROUP_INSTANCE_ID) takes the old one's
+        place, so that the old one is left alone: nothing is fenced or removed, no second rebalance. Once joined, it
+        replaced the old member in the group (static membership), and its own init_transactions on the same
+        transactional id, before joining, aborted what the old one left open: the old one is done with (judged). While
+        it beats, it is on its way there; so it is while its supervisor's announcement holds (a Python process takes
+        longer to start beating than a short bound). One that stopped or fell silent before joining does not count:
+        the old one is judged as any silent peer."""
+        new = self.beats[successor]
+        if new.member_id:
+            self.judged.add(incarnation)
+            return True
+        return not new.stopping and now - self.last_heard[successor] <= max(self.bound_s, new.starting_ms / 1000)
 
 
 def kafka_python_config(settings: Settings) -> dict[str, Any]:
@@ -148,6 +169,7 @@ def group_remover(settings: Settings, group: str) -> Callable[[Beat], str]:
         raise ConfigError("FAILURE_DETECTION_MS needs the package kafka-python (pip install kafka-python)") from e
     config = kafka_python_config(settings)
     admin: list[Any] = []
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per removal
 
     def remove(beat: Beat) -> str:
         if not admin:
@@ -157,6 +179,33 @@ def group_remover(settings: Settings, group: str) -> Callable[[Beat], str]:
         return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
 
     return remove
+
+
+class Announcer:
+    """The supervisor's part (pipeline/supervisor.py: `pipeline run --workers N`). It restarts a crashed worker at once
+    under the same static id, but the new process beats only once it has imported, connected and checked its topics:
+    under load, later than a short bound. Told by its peers' detectors, the old incarnation would be removed (a
+    rebalance) just before the new one joins (another). So the supervisor says on the heartbeat topic, as it starts the
+    new process, that this instance id is coming back: its peers then leave the old incarnation's place to it for up
+    to SESSION_TIMEOUT_MS (what static membership promises a restarted member anyway), or until the new process's own
+    beats stop. Its new incarnation aborts the old one's transaction with its own init_transactions."""
+
+    def __init__(self, settings: Settings, client_config: Mapping[str, Any], topic: str) -> None:
+        self._settings, self._topic = settings, topic
+        timeout = {"message.timeout.ms": settings.session_timeout_ms}  # after that, it would shield nothing
+        self._producer = Producer({**client_config, "linger.ms": 0, "acks": "all", **timeout})
+
+    def restarting(self, instance_id: str) -> None:
+        if not instance_id:  # a dynamic member's new process is a new member: nothing to keep for it
+            return
+        beat = Beat(uuid.uuid4().hex, instance_id=instance_id, starting_ms=self._settings.session_timeout_ms)
+        with contextlib.suppress(BufferError, KafkaException):  # the session time-out then ends the old one
+            self._producer.produce(self._topic, beat.encode(), key=beat.incarnation.encode())
+        self._producer.poll(0)
+        log.info("told the peers of %s that it is restarting (%s)", instance_id, self._topic)
+
+    def close(self) -> None:
+        self._producer.flush(self._settings.request_timeout_ms / 1000)
 
 
 class Liveness:
@@ -170,7 +219,6 @@ class Liveness:
         topic: str,
         *,
         transactional_id: str = "",
-        member_id: Callable[[], str] = lambda: "",
         remove: Callable[[Beat], str] | None = None,
         fence: Callable[[str], None] | None = None,
     ) -> None:
@@ -180,7 +228,6 @@ class Liveness:
         self._settings, self._config, self._group, self._topic = settings, dict(client_config), group, topic
         self._remove = remove or group_remover(settings, group)
         self._fence = fence or self._fence_producer
-        self._member_id = member_id
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
         self._producer = Producer({**self._config, "linger.ms": 0, "acks": "all"})
@@ -190,20 +237,19 @@ class Liveness:
         self.removed: list[Beat] = []  # what this process removed (for tests and logs)
 
     def start(self) -> Liveness:
-        admin = AdminClient(self._config)
-        futures = admin.create_topics([NewTopic(self._topic, 1, -1, config=LIVENESS_TOPIC_CONFIG)])
-        with contextlib.suppress(KafkaException):  # it exists (another instance created it), or fails below
-            futures[self._topic].result(self._settings.request_timeout_ms / 1000)
+        """The topic exists: the runner created it with its internal topics (pipeline/sinks/kafka/takeover.py)."""
         self._consumer.assign([TopicPartition(self._topic, 0, OFFSET_END)])
         self._thread.start()
+        log.info("heartbeats on %s every %d ms, as %s", self._topic, beat_interval_s(self.bound_ms) * 1000, self.beat)
         return self
 
-    def _joined(self) -> None:
-        """The consumer's member id as it is now (a new one after every rejoin of a removed member)."""
-        with contextlib.suppress(RuntimeError, KafkaException):  # closed, or not joined yet
-            member_id = self._member_id() or ""
-            if member_id and member_id != self.beat.member_id:
-                self.beat = Beat(self.beat.incarnation, member_id, self.beat.instance_id, self.beat.transactional_id)
+    def joined(self, member_id: str) -> None:
+        """The group consumer's member id, told by the runner from the consumer's own thread after every (re)join (a
+        new one after a removed member rejoins). Never asked from this thread: confluent-kafka serializes a consumer's
+        calls, so memberid() waited for the poll loop's poll (measured 1.7 s behind a 2 s poll; seconds behind a
+        take-over in a callback), stopping the beats and, worse, making this process think it was paused."""
+        if member_id and member_id != self.beat.member_id:
+            self.beat = Beat(self.beat.incarnation, member_id, self.beat.instance_id, self.beat.transactional_id)
 
     def stop(self) -> None:
         self._stop.set()
@@ -216,7 +262,6 @@ class Liveness:
     def _run(self) -> None:
         interval = beat_interval_s(self.bound_ms)
         while not self._stop.is_set():
-            self._joined()
             self._publish()
             self._read()
             for beat in self.peers.silent(time.monotonic()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, TopicMetadata
@@ -66,12 +66,15 @@ def ensure_topics(
     timeout_s: float,
     co_partitioned: Sequence[str] = (),
     global_tables: Sequence[str] = (),
+    single: Mapping[str, dict[str, str]] | None = None,
 ) -> int:
     """Checks the inputs, tables and output, creates missing internal topics; returns the input's partition count.
     `co_partitioned`: the other topics a task reads partition p of (inputs, tables): they must have the first
-    input's partition count, or the App cannot start."""
+    input's partition count, or the App cannot start. `single`: internal topics of one partition, not tied to the
+    input's partitions (FAILURE_DETECTION_MS's heartbeats), created when missing."""
+    single = single or {}
     counts = partition_counts(
-        admin, timeout_s, needed=(input_topic, *co_partitioned, *global_tables, output_topic, *internal)
+        admin, timeout_s, needed=(input_topic, *co_partitioned, *global_tables, output_topic, *internal, *single)
     )
     named = [("INPUT_TOPIC", input_topic), *(("the App's inputs and tables", t) for t in co_partitioned)]
     named += [*(("the App's global tables", t) for t in global_tables), ("OUTPUT_TOPIC", output_topic)]
@@ -89,6 +92,9 @@ def ensure_topics(
         NewTopic(name, partitions, replication_factor, config=config)
         for name, config in internal.items()
         if name not in counts
+    ]
+    missing += [
+        NewTopic(name, 1, replication_factor, config=config) for name, config in single.items() if name not in counts
     ]
     if missing:
         _create(admin, missing, timeout_s)

@@ -61,7 +61,10 @@ def test_a_paused_member_is_removed_then_rejoins_and_the_run_stays_exactly_once(
     eventually(lambda: REMOVED in peer.log_path.read_text(), 10, 0.2)
     eventually(lambda: _both_own_partitions(run), 40, 0.5)  # rejoined, with partitions of its own again
     assert paused.alive, paused.log_tail()
-    assert "fenced" in paused.log_path.read_text(), paused.log_tail()
+    # Woken, it learns it is out either way round, a race between its next commit and its consumer's next poll: its
+    # producer fenced (the commit refused), or its membership gone (lost: aborted, nothing committed).
+    woken = paused.log_path.read_text()
+    assert "fenced" in woken or "lost [" in woken, paused.log_tail()
     outcome = run.finish()
     assert REMOVED not in paused.log_path.read_text(), paused.log_tail()
     assert_exactly_once(outcome)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import time
+import urllib.error
+import urllib.request
 
 from confluent_kafka.admin import AdminClient
 
@@ -16,6 +19,7 @@ from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.support import eventually
 
 TOTALS = "pipeline.examples.running_totals:app"
+SLOW_START = "tests.faults.slow_start:app"
 STARTED = re.compile(r"worker (\d+) started: pid (\d+)")
 
 
@@ -74,3 +78,79 @@ def test_a_killed_worker_restarts_and_sigterm_stops_all_cleanly(fault_run):
     assert "all 2 workers stopped" in log
     assert_exactly_once(outcome)
     assert outcome.verdict.outputs == 20_000
+
+
+def test_with_fast_detection_a_restarted_worker_takes_its_slot_back_without_a_rebalance(fault_run):
+    """FAILURE_DETECTION_MS on, a worker SIGKILLed and restarted at once under its static id: its peer hears that the
+    supervisor restarts it before the old one's silence reaches the bound, so it neither fences the producer (the
+    new incarnation's own fence aborts what the old one left open) nor removes the member (the new one takes the
+    static id's place). The peer's partitions stay where they are: no "revoked" and no "assigned" in its log after
+    the kill (a removal would hand it the dead worker's partitions, then take them back). The App's import takes 2.5 s
+    (tests/faults/slow_start.py): the new worker beats later than the bound, so only the supervisor's announcement
+    can keep the slot."""
+    # A 30 s session: however slowly the new worker starts, nothing but the detector could move partitions meanwhile.
+    run = fault_run(
+        SLOW_START, group_instance_id="totals-host", failure_detection_ms="1500", session_timeout_ms="30000"
+    )
+    run.feed(list(inputs.running_totals_records(20_000, partitions=PARTITIONS, seed=12)), seconds=8)
+    fleet = run.start(0)
+    fleet.run_args = ("--workers", "2")
+    (supervisor,) = fleet.start(1)
+    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    first = worker_pids(supervisor)
+    eventually(lambda: len(members(run.bootstrap, run.app_id)) == 2, 30, 0.2)
+    before = members(run.bootstrap, run.app_id)
+    eventually(lambda: all(parts for _, parts in members(run.bootstrap, run.app_id).values()), 30, 0.2)
+    time.sleep(3)  # mid-stream, settled: the victim has transactions open
+    logged_before_kill = len(supervisor.log_path.read_bytes())
+    os.kill(first[1], signal.SIGKILL)
+    eventually(lambda: worker_pids(supervisor)[1] != first[1], 30)
+    eventually(lambda: rejoined(run.bootstrap, run.app_id, "totals-host-w1", before["totals-host-w1"][0]), 30, 0.2)
+    # From the kill until the new worker owns its partitions (the stop at the end moves partitions too).
+    until_back = supervisor.log_path.read_bytes()[logged_before_kill:].decode(errors="replace")
+    outcome = run.finish()
+    peer = [line for line in until_back.splitlines() if f"[{first[0]}]" in line]
+    moved = [line for line in peer if " revoked [" in line or " assigned [" in line or "removed from group" in line]
+    assert not moved, "\n".join(moved)
+    assert "told the peers of totals-host-w1 that it is restarting" in until_back
+    assert_exactly_once(outcome)
+    assert outcome.verdict.outputs == 20_000
+
+
+def status(port: int, path: str = "/live") -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except urllib.error.URLError:
+        return 0  # not served yet
+
+
+def test_the_supervisors_live_is_503_while_a_workers_loop_is_stuck(fault_run):
+    """`/live` of `--workers 2` (the one endpoint an orchestrator probes) follows every worker's poll loop: 503 while
+    one worker is stopped (SIGSTOP: a loop that does not turn) past LIVE_TIMEOUT_MS, 200 again once it turns; the
+    run stays exactly once. LIVE_TIMEOUT_MS must exceed the longest healthy turn: short time-outs keep it at 21 s."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    timeouts = {"transaction_timeout_ms": "4000", "request_timeout_ms": "4000", "live_timeout_ms": "21000"}
+    run = fault_run(TOTALS, group_instance_id="totals-host", metrics_port=str(port), **timeouts)
+    run.feed(list(inputs.running_totals_records(10_000, partitions=PARTITIONS, seed=13)), seconds=10)
+    fleet = run.start(0)
+    fleet.run_args = ("--workers", "2")
+    (supervisor,) = fleet.start(1)
+    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    eventually(lambda: status(port, "/ready") == 200, 60, 0.5)  # both workers' loops turn (before: not judged)
+    assert status(port) == 200
+    stuck = worker_pids(supervisor)[1]
+    os.kill(stuck, signal.SIGSTOP)
+    try:
+        eventually(lambda: status(port) == 503, 40, 0.5)
+    finally:
+        os.kill(stuck, signal.SIGCONT)
+    eventually(lambda: status(port) == 200, 30, 0.5)
+    outcome = run.finish()
+    assert worker_pids(supervisor)[1] == stuck  # stuck, not dead: nobody restarted it
+    assert_exactly_once(outcome)
+    assert outcome.verdict.outputs == 10_000

@@ -13,6 +13,7 @@ import pytest
 from pipeline import cli
 from pipeline.core.deadletter import dead_letter_topic
 from pipeline.kafka.acls import (
+    Acl,
     Names,
     admin_properties,
     binding_filters,
@@ -23,6 +24,7 @@ from pipeline.kafka.acls import (
     pipeline_acls,
     postgres_acls,
 )
+from pipeline.kafka.liveness import liveness_topic
 from pipeline.settings import ConfigError
 from pipeline.sinks.kafka.transaction import transactional_id
 from pipeline.state.changelog import changelog_topic
@@ -33,9 +35,11 @@ EXAMPLE = Names("running-totals", "totals-input", "totals-output")
 PG_EXAMPLE = Names("running-totals-pg", "totals-input", "")
 
 
-def documented_definition() -> list[str]:
+def documented_definition(detection: bool = True) -> list[str]:
+    """The lines SECURITY.md shows; `detection`: with what FAILURE_DETECTION_MS adds (after the service's own)."""
     return (
         kafka_acls_lines("User:running-totals", pipeline_acls(EXAMPLE))
+        + kafka_acls_lines("User:running-totals", detection_only(EXAMPLE) if detection else [])
         + kafka_acls_lines("User:running-totals-compaction", compaction_acls(EXAMPLE))
         + kafka_acls_lines("User:running-totals-pg", postgres_acls(PG_EXAMPLE))
     )
@@ -48,7 +52,7 @@ def test_security_md_lists_exactly_the_defined_acl_commands() -> None:
 
 def test_security_md_tables_are_the_definition() -> None:
     doc = SECURITY_MD.read_text()
-    for acls in (pipeline_acls(EXAMPLE), compaction_acls(EXAMPLE), postgres_acls(PG_EXAMPLE)):
+    for acls in (pipeline_acls(EXAMPLE), compaction_acls(EXAMPLE), postgres_acls(PG_EXAMPLE), detection_only(EXAMPLE)):
         for row in markdown_table(acls):
             assert row in doc, row
 
@@ -65,6 +69,7 @@ def test_the_names_are_the_runtimes() -> None:
     assert EXAMPLE.changelog == changelog_topic("running-totals")
     assert EXAMPLE.snapshots == snapshot_topic("running-totals")
     assert EXAMPLE.dead_letters == dead_letter_topic("running-totals")
+    assert EXAMPLE.liveness == liveness_topic("running-totals")
     assert transactional_id("running-totals", "totals-input", 7).startswith(EXAMPLE.transactional_id_prefix)
     renamed = Names("a", "in", "out", changelog_topic="c", snapshot_topic="s", dead_letter_topic="d")
     assert (renamed.changelog, renamed.snapshots, renamed.dead_letters) == ("c", "s", "d")
@@ -104,7 +109,7 @@ def test_acls_prints_what_security_md_shows(capsys, monkeypatch) -> None:
 
     assert (code, pg_code) == (0, 0)
     printed = [line for line in (out + pg_out).splitlines() if line.startswith("$ACLS --add ")]
-    assert printed == documented_definition()
+    assert printed == documented_definition(detection=False)
     assert out.splitlines()[0] == (
         'ACLS="kafka-acls.sh --bootstrap-server 127.0.0.1:9092 --command-config admin.properties"'
     )
@@ -142,6 +147,28 @@ def test_acls_follow_the_settings_pipeline_run_reads(capsys, monkeypatch, tmp_pa
         "User:job", compaction_acls(Names("orders", "", "", changelog_topic="orders-state"), keep_history=True)
     )
     assert [line for line in out.splitlines() if line.startswith("$ACLS")] == expected
+
+
+def test_acls_list_the_heartbeat_topic_only_with_failure_detection(capsys, monkeypatch) -> None:
+    """FAILURE_DETECTION_MS adds READ, WRITE and CREATE on `<app id>-liveness`; the LeaveGroup of a silent peer and the
+    fence of its per-process producer are covered by the group's READ and the transactional-id prefix, listed anyway."""
+    code, plain = acls_command(capsys, monkeypatch, "pipeline.examples.running_totals:app")
+    monkeypatch.setenv("PIPELINE_FAILURE_DETECTION_MS", "1000")
+    detecting_code = cli.main(["acls", "pipeline.examples.running_totals:app"])
+    detecting = capsys.readouterr().out
+
+    assert (code, detecting_code) == (0, 0)
+    assert "liveness" not in plain
+    added = [line for line in detecting.splitlines() if line not in plain.splitlines()]
+    assert added == kafka_acls_lines("User:running-totals", detection_only(EXAMPLE))
+    group = [a for a in pipeline_acls(EXAMPLE, failure_detection=True) if a.resource == "group"]
+    assert [(a.name, a.operations) for a in group] == [("running-totals", ("READ",))]
+    assert "LeaveGroup" in group[0].why
+
+
+def detection_only(names: Names) -> list[Acl]:
+    plain = pipeline_acls(names)
+    return [a for a in pipeline_acls(names, failure_detection=True) if a.key not in {p.key for p in plain}]
 
 
 def test_acls_of_a_stateless_app_have_no_compaction_job(capsys, monkeypatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.kafka.liveness import Beat, Peers, kafka_python_config
+from pipeline.kafka.liveness import Beat, Liveness, Peers, kafka_python_config
 from pipeline.settings import ConfigError, Settings
 
 BOUND_S = 1.0
@@ -54,16 +54,49 @@ def test_a_clean_stop_and_a_member_that_never_joined_are_not_removed() -> None:
         assert peers.silent(t) == []
 
 
-def test_a_static_member_back_under_a_new_incarnation_keeps_its_producer() -> None:
-    """The old incarnation's member goes; its producer's name is the new one's: never fenced."""
+def test_a_static_member_back_under_a_new_incarnation_is_left_to_it() -> None:
+    """Restarted under its GROUP_INSTANCE_ID and beating before the old one's silence reaches the bound, still
+    starting (no member id yet) and then joined: the old incarnation is neither fenced nor removed, ever (the new one
+    took its place in the group, and fenced its producer itself)."""
+    me = Beat("me", "m-1")
+    old = Beat("old", "m-2", "host-w1", "app.in.process-host-w1")
+    starting, joined = (
+        Beat("new", "", "host-w1", old.transactional_id),
+        Beat("new", "m-3", "host-w1", old.transactional_id),
+    )
+    peers = Peers("me", BOUND_S)
+    heard_all(peers, [me, old], 0.0)
+    for t in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0):
+        heard_all(peers, [me, starting if t < 2.0 else joined], t)
+        assert peers.silent(t) == [], t
+    assert "old" in peers.judged  # done with: not judged again once the new one falls silent
+    dead = []
+    for t in (3.25, 3.5, 3.75, 4.0, 4.25, 4.5):
+        peers.heard(me, t)
+        dead += peers.silent(t)
+    assert dead == [joined]
+
+
+def test_a_new_incarnation_that_dies_before_joining_no_longer_shields_the_old_one() -> None:
     me = Beat("me", "m-1")
     old = Beat("old", "m-2", "host-w1", "app.in.process-host-w1")
     peers = Peers("me", BOUND_S)
     heard_all(peers, [me, old], 0.0)
-    for t in (0.25, 0.5, 0.75, 1.0, 1.25):
-        heard_all(peers, [me, Beat("new", "m-3", "host-w1", "app.in.process-host-w1")], t)
-        dead = peers.silent(t)
-    assert dead == [Beat("old", "m-2", "host-w1", "")]
+    heard_all(peers, [me, Beat("new", "", "host-w1", old.transactional_id)], 0.5)
+    assert peers.silent(0.5) == []
+    for t in (0.75, 1.0, 1.25, 1.5):  # the new one beats no more (it died while starting)
+        peers.heard(me, t)
+        assert peers.silent(t) == [], t
+    peers.heard(me, 1.75)
+    assert peers.silent(1.75) == [old]  # fenced and removed, as any silent peer
+    stopped = Peers("me", BOUND_S)
+    heard_all(stopped, [me, old], 0.0)
+    heard_all(stopped, [me, Beat("new", "", "host-w1", stopping=True)], 0.5)
+    for t in (0.75, 1.0):
+        stopped.heard(me, t)
+        assert stopped.silent(t) == [], t
+    stopped.heard(me, 1.25)
+    assert stopped.silent(1.25) == [old]  # stopped while starting (a configuration error): no shield either
 
 
 def test_the_bound_must_be_off_or_between_200_ms_and_the_session_timeout() -> None:
@@ -78,3 +111,50 @@ def test_the_admin_client_gets_the_security_settings_or_start_up_names_the_one_i
     assert kafka_python_config(settings)["sasl_mechanism"] == "SCRAM-SHA-512"
     with pytest.raises(ConfigError, match=r"FAILURE_DETECTION_MS.*sasl\.oauthbearer\.config"):
         kafka_python_config(Settings(kafka={"sasl.oauthbearer.config": "x"}))
+
+
+def test_the_supervisors_announcement_keeps_the_place_until_the_new_process_beats_itself() -> None:
+    """The supervisor says at once that it restarts host-w1 (starting_ms: the session time-out, 10 s here); the new
+    process beats itself only 3 s later (slow to start), joins, and the old incarnation was never judged. Had the
+    new process died before its first beat, the old one would be judged once the announcement lapsed."""
+    me = Beat("me", "m-1")
+    old = Beat("old", "m-2", "host-w1", "app.in.process-host-w1")
+    peers = Peers("me", BOUND_S)
+    heard_all(peers, [me, old, Beat("said", instance_id="host-w1", starting_ms=10_000)], 0.0)
+    dead = []
+    for step in range(1, 21):
+        t = step * 0.25
+        new = [Beat("new", "m-3" if t >= 4.0 else "", "host-w1", old.transactional_id)] if t >= 3.0 else []
+        heard_all(peers, [me, *new], t)
+        dead += peers.silent(t)
+    assert dead == []
+    lapsing = Peers("me", BOUND_S)
+    heard_all(lapsing, [me, old, Beat("said", instance_id="host-w1", starting_ms=2_000)], 0.0)
+    for step in range(1, 10):
+        lapsing.heard(me, step * 0.25)
+        dead += lapsing.silent(step * 0.25)
+    assert dead == [old]  # at 2.25 s: the new process never beat within the announced 2 s
+
+
+def test_a_beat_of_a_later_version_is_read_and_garbage_is_not() -> None:
+    later = b'{"incarnation": "x", "member_id": "m", "instance_id": "", "transactional_id": "", "zone": "b"}'
+    assert Beat.decode(later) == Beat("x", "m")
+    assert Beat.decode(b"[1]") is None and Beat.decode(b"not json") is None
+
+
+def test_the_runner_tells_the_heartbeat_its_member_id() -> None:
+    """Liveness.joined, called from the rebalance callback: the beat names the member from then on (never asked from
+    the heartbeat thread, where memberid() waits for the poll loop's poll)."""
+    liveness = Liveness(
+        Settings(failure_detection_ms=1000, group_instance_id="host-w0"),
+        {"bootstrap.servers": "127.0.0.1:1"},  # nothing is sent: the thread is not started
+        "app",
+        "app-liveness",
+        remove=lambda beat: "",
+        fence=lambda transactional_id: None,
+    )
+    incarnation = liveness.beat.incarnation
+    liveness.joined("")
+    assert liveness.beat.member_id == ""
+    liveness.joined("m-1")
+    assert liveness.beat == Beat(incarnation, "m-1", "host-w0")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
+from pipeline.core.lifecycle import Lifecycle
 from pipeline.core.loop import PollLoop
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import ConfigError, Settings
@@ -116,3 +118,16 @@ def test_live_timeout_must_exceed_the_longest_healthy_turn() -> None:
     derived = PollLoop(Settings(transaction_timeout_ms=30_000))  # 0: derived, 30 + 40 + 10 s
     derived._turned_at = 0.0
     assert derived.is_live(now=79.9) and not derived.is_live(now=80.0)
+
+
+def test_the_poll_loop_sets_its_last_turn_with_its_gauges() -> None:
+    """What the supervisor's /live reads of each worker (pipeline/supervisor.py: WorkerMetrics.stuck_pids)."""
+
+    class Idle(PollLoop):
+        def _owned_partitions(self) -> dict[int, Lifecycle]:
+            return {}
+
+    loop = Idle(Settings())
+    before = time.time()
+    loop._update_gauges()
+    assert loop.metrics.loop_turned._value.get() >= before

@@ -239,6 +239,21 @@ def test_the_supervisor_serves_the_workers_metrics_merged_and_knows_who_is_ready
     assert 'pipeline_records_in_total{partition="0"} 10.0' in metrics.exposition().decode()
 
 
+def test_the_supervisor_knows_whose_poll_loop_is_stuck(tmp_path: Path) -> None:
+    """Its /live: the workers' last turns (pipeline_loop_last_turn_timestamp_seconds, one sample per pid)."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    script = "import sys; from pipeline.metrics import Metrics; Metrics().loop_turned.set(float(sys.argv[1]))"
+    turned = {"1000": None, "1090": None}
+    for at in turned:
+        process = subprocess.Popen([sys.executable, "-c", script, at], env=env)
+        assert process.wait(30) == 0
+        turned[at] = process.pid
+    metrics = WorkerMetrics(str(tmp_path))
+    assert metrics.stuck_pids(60, now=1100.0) == {turned["1000"]}  # 100 s ago; the other 10 s ago
+    assert metrics.stuck_pids(60, now=1050.0) == set()
+    assert metrics.stuck_pids(5, now=1100.0) == set(turned.values())
+
+
 SLEEPER = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); time.sleep(60)"
 
 

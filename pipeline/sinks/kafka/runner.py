@@ -253,6 +253,10 @@ class KafkaRunner(TakeOver, PollLoop):
             tuple(t.topic for t in self.app.global_table_specs.values()),
         )
         takeover.prepare_topics(self.admin, names, self.settings, self.app.stateful)
+        # Beating from here on, before the slow steps (global tables, the fence, joining): a restarted static member's
+        # peers hear its new incarnation before the old one's silence reaches the bound, and leave its place to it.
+        self.liveness = takeover.start_liveness(self.settings, self.app_id, self._process_txn_id)
+        self.on_join = self.liveness.joined if self.liveness is not None else self.on_join
         if self.global_tables is not None:  # before joining the group: before any task processes
             self.global_tables.restore()
         self.consumer = Consumer(consumer_config(self.settings, self.app_id))
@@ -271,7 +275,6 @@ class KafkaRunner(TakeOver, PollLoop):
         )
         if self.settings.producers == PER_PROCESS:  # fenced once, before any partition is assigned (fence-first)
             takeover.fence([self._process_transaction()], self.settings)
-        self.liveness = takeover.start_liveness(self.settings, self.app_id, self.input, self._process_txn_id)
 
     def run(self) -> None:
         s = self.settings

@@ -19,7 +19,7 @@ from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config
 from pipeline.kafka.errors import kafka_error
-from pipeline.kafka.liveness import Liveness, liveness_topic
+from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.metrics import Metrics
@@ -45,6 +45,8 @@ def prepare_topics(admin: AdminClient, names: Names, settings: Settings, statefu
         internal[names.changelog_topic] = CHANGELOG_CONFIG
         internal[names.snapshot_topic] = SNAPSHOT_CONFIG
     check_service(admin, names, settings, stateful=stateful, phase=BEFORE_TOPICS)
+    # created here, not by the heartbeat thread: the check after it then covers READ and WRITE on it too
+    detection = {names.liveness: LIVENESS_TOPIC_CONFIG} if settings.failure_detection_ms > 0 else {}
     ensure_topics(
         admin,
         input_topic=names.input_topic,
@@ -52,13 +54,14 @@ def prepare_topics(admin: AdminClient, names: Names, settings: Settings, statefu
         co_partitioned=names.co_partitioned,
         global_tables=names.global_tables,
         internal=internal,
+        single=detection,
         replication_factor=settings.topic_replication_factor,
         timeout_s=settings.request_timeout_ms / 1000,
     )
     check_service(admin, names, settings, stateful=stateful, phase=AFTER_TOPICS)
 
 
-def start_liveness(settings: Settings, app_id: str, consumer: Consumer, process_txn_id: str) -> Liveness | None:
+def start_liveness(settings: Settings, app_id: str, process_txn_id: str) -> Liveness | None:
     """FAILURE_DETECTION_MS > 0: the heartbeat thread that finds silent peers, fences their per-process producer and
     removes them from the group (pipeline/kafka/liveness.py); it names this process's producer under per_process,
     so that its peers can do the same for it."""
@@ -71,7 +74,6 @@ def start_liveness(settings: Settings, app_id: str, consumer: Consumer, process_
         app_id,
         liveness_topic(app_id),
         transactional_id=process_txn_id if per_process else "",
-        member_id=consumer.memberid,
     ).start()
 
 
