@@ -178,6 +178,8 @@ class TakeOver:
 
         def _pause(self, p: int) -> None: ...
 
+        def _resume(self, p: int) -> None: ...
+
         def _resume_assigned(self, partitions: list[int]) -> None: ...
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -261,10 +263,27 @@ class TakeOver:
             self._input_records_deleted(deleted[0], p, deleted[1])  # p stops (paused), its position unusable
             return
         task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
-        self.input.resume(self._topic_partitions(p))
+        self._resume(p)
 
     def _owned_partitions(self) -> dict[int, KafkaTask]:
         return self.tasks
+
+    # -- for the stall watchdog (pipeline/core/stall.py) ---------------------------------------------------------------
+    def _restore_progress(self, p: int) -> object:
+        return self.restores.progress(p), p in self._awaiting_globals
+
+    def _stall_detail(self, p: int) -> list[str]:
+        task = self.tasks.get(p)
+        detail = []
+        if task is not None and task.phase is Phase.RESTORING:
+            detail.append(self.restores.stuck(p) if self.app.stateful else "restored")
+            if p in self._awaiting_globals:
+                detail.append("waiting for the global tables to reach their targets")
+        if task is not None and task.holding:
+            detail.append("holding records while a burst of due timers fires")
+        if p in self._dropped_at:
+            detail.append("dropped (fenced or broken producer), to be taken over again")
+        return detail
 
     def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
         if isinstance(owned, MultiInputTask):

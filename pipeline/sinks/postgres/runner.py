@@ -333,7 +333,7 @@ class PostgresRunner(PollLoop):
                 topic, detail = deleted
                 self._stop_partition(task, InputRecordsDeleted(topic, p, task.committed_offset, self.app_id, detail))
             elif task.try_seek_back(self.input):
-                self.input.resume([TopicPartition(self.input_topic, p)])
+                self._resume(p)
                 log.info("p%d: reading from offset %s (epoch %s)", p, task.committed_offset, task.epoch)
 
     # -- assignment --------------------------------------------------------------------------------------------------
@@ -378,6 +378,20 @@ class PostgresRunner(PollLoop):
 
     def _owned_partitions(self) -> dict[int, PostgresTask]:
         return self.tasks
+
+    def _restore_progress(self, p: int) -> object:
+        return self.tasks[p].restore_progress
+
+    def _stall_detail(self, p: int) -> list[str]:
+        """A take-over waits for PostgreSQL: its retries, its restore."""
+        task = self.tasks[p]
+        if p in self._retry_at:
+            failures = self._failures.get(p, 0)
+            left = max(0.0, self._retry_at[p] - time.monotonic())
+            return [f"taken over again in {left:.1f} s ({failures} failures in a row): is PostgreSQL reachable?"]
+        if task.phase is Phase.RESTORING:
+            return [f"restoring its state rows from PostgreSQL: {len(task.state)} keys read"]
+        return []
 
     def _close_partition(self, p: int, commit: bool) -> None:
         task = self.tasks.get(p)

@@ -1,0 +1,182 @@
+"""The stalled-partition watchdog (pipeline/core/stall.py; docs/guarantees.md: no-silent-stall): an owned partition,
+not stopped, with work waiting, that does not move for STALL_WARNING_MS says so once per period, counts in
+pipeline_stalled_partitions, and says when it moves again. No broker: a fake clock and the shared fake consumer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import pytest
+
+from pipeline.core.lifecycle import Phase
+from pipeline.core.stall import Seen, StallWatch
+from pipeline.examples.copier import app as copier
+from pipeline.metrics import Metrics
+from pipeline.sinks.kafka.runner import KafkaRunner
+from pipeline.sinks.kafka.task import KafkaTask
+from tests.fakes import FakeClock, FakeConsumer, NullProducer
+from tests.harness import kafka_runner
+
+LIMIT_MS = 30_000
+
+
+def stalled(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value("pipeline_stalled_partitions")
+
+
+def seen(progress: object, waiting: bool = True, phase: Phase = Phase.RUNNING) -> Seen:
+    return Seen(phase, progress, waiting, lambda: "position 5, high watermark 9")
+
+
+def look_for(watch: StallWatch, clock: FakeClock, seconds: int, by_p: Mapping[int, Seen]) -> None:
+    """As the poll loop does: once a second."""
+    for _ in range(seconds):
+        clock.now += 1
+        watch.look(by_p)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def watch(clock: FakeClock, metrics: Metrics) -> StallWatch:
+    return StallWatch(LIMIT_MS, metrics.stalled, clock)
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_one_warning_per_period_while_it_lasts_then_an_info_when_it_moves(watch, clock, metrics, caplog) -> None:
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    watch.look({3: seen(5), 4: seen(7)})
+    look_for(watch, clock, 29, {3: seen(5), 4: seen(7)})
+    assert warnings(caplog) == [] and stalled(metrics) == 0
+    look_for(watch, clock, 1, {3: seen(5), 4: seen(7)})
+    assert len(warnings(caplog)) == 2 and stalled(metrics) == 2
+    message = warnings(caplog)[0]
+    for part in ("p3 stalled", "RUNNING", "no progress for 30 s", "position 5, high watermark 9", "STALL_WARNING_MS"):
+        assert part in message
+    assert "broker" in message and "pipeline_consumer_lag" in message  # what to check
+    look_for(watch, clock, 29, {3: seen(5), 4: seen(7)})
+    assert len(warnings(caplog)) == 2, "once per period, not once per look"
+    look_for(watch, clock, 1, {3: seen(5), 4: seen(7)})
+    assert len(warnings(caplog)) == 4 and "no progress for 60 s" in warnings(caplog)[2]
+
+    look_for(watch, clock, 25, {3: seen(6), 4: seen(7)})  # p3 moved once, p4 never
+    assert "p3 moves again after 61 s stalled" in caplog.text
+    assert watch.stalled == [4] and stalled(metrics) == 1
+
+
+def test_a_partition_that_moves_or_has_nothing_to_do_is_never_stalled(watch, clock, metrics, caplog) -> None:
+    for second in range(120):
+        clock.now += 1
+        watch.look({0: seen(second), 1: seen(5, waiting=False), 2: seen(9, phase=Phase.STOPPED)})
+    assert warnings(caplog) == [] and stalled(metrics) == 0
+
+
+def test_the_clock_starts_when_input_arrives(watch, clock, caplog) -> None:
+    look_for(watch, clock, 100, {0: seen(5, waiting=False)})
+    look_for(watch, clock, 29, {0: seen(5)})
+    assert warnings(caplog) == []
+    look_for(watch, clock, 1, {0: seen(5)})
+    assert len(warnings(caplog)) == 1
+
+
+def test_a_restore_that_reads_is_no_stall_however_long(watch, clock, caplog) -> None:
+    for records in range(200):
+        clock.now += 1
+        watch.look({0: seen(("restore", records), phase=Phase.RESTORING)})
+    assert warnings(caplog) == []
+    look_for(watch, clock, 31, {0: seen(("restore", 200), phase=Phase.RESTORING)})
+    assert "p0 stalled: RESTORING" in warnings(caplog)[0]
+
+
+def test_a_stall_ends_when_p_stops_or_goes(watch, clock, metrics, caplog) -> None:
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    look_for(watch, clock, 31, {0: seen(5), 1: seen(5)})  # the first look starts the clock
+    assert stalled(metrics) == 2
+    look_for(watch, clock, 1, {0: seen(5, phase=Phase.STOPPED)})
+    assert stalled(metrics) == 0
+    assert "p0 has nothing to do any more (STOPPED) after 31 s stalled" in caplog.text
+    assert "p1 no longer owned after 31 s stalled" in caplog.text
+
+
+def test_0_turns_it_off(clock, metrics, caplog) -> None:
+    watch = StallWatch(0, metrics.stalled, clock)
+    look_for(watch, clock, 300, {0: seen(5)})
+    assert warnings(caplog) == [] and watch.stalled == []
+
+
+# -- the poll loop's look: what the consumer knows locally -----------------------------------------------------------
+def runner_on(consumer: FakeConsumer, clock: FakeClock) -> KafkaRunner:
+    runner = kafka_runner(copier, consumer, lambda _: NullProducer(), app_id="stall", producers="per_process")
+    runner.stall = StallWatch(LIMIT_MS, runner.metrics.stalled, clock)
+    for p in range(2):
+        runner.tasks[p] = task = KafkaTask(runner.ctx, p, runner._transaction_for(p))
+        task.start(0)
+        consumer.assigned.add((copier.input_topic, p))
+    return runner
+
+
+def loop_for(runner: KafkaRunner, clock: FakeClock, seconds: int) -> None:
+    for _ in range(seconds):
+        clock.now += 1
+        runner._next_gauge_update = 0.0  # the loop looks once a second of the real clock: here, of the fake one
+        runner._update_gauges()
+
+
+def test_the_loop_warns_of_a_partition_the_fetcher_left_behind(clock, caplog) -> None:
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    consumer.watermarks = {(topic, 0): (0, 50), (topic, 1): (0, 50)}
+    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    runner._pause(1)
+    loop_for(runner, clock, 31)  # the first look starts the clock
+    assert [m.split(":")[0] for m in warnings(caplog)] == ["p0 stalled", "p1 stalled"]
+    assert (
+        f"{topic}[position 20, consumer at 20, high watermark 50]; not paused; assigned in the consumer"
+        in (warnings(caplog)[0])
+    )
+    assert "; paused by this process;" in warnings(caplog)[1]
+    assert stalled(runner.metrics) == 2
+
+    consumer.positions[(topic, 0)] = 30  # fetched and handed out: p0 moves
+    runner.tasks[0].next_offset = 30
+    consumer.assigned.discard((topic, 1))
+    loop_for(runner, clock, 1)
+    assert "p0 moves again after 31 s stalled" in caplog.text
+    assert stalled(runner.metrics) == 1
+    loop_for(runner, clock, 30)
+    assert "NOT assigned in the consumer" in [w for w in warnings(caplog) if w.startswith("p1")][-1]
+
+
+def test_a_commit_marker_after_the_last_record_is_no_input_waiting(clock, caplog) -> None:
+    # A transactional input: the last record at 4, its commit marker at 5. p's position stops at 5, the consumer's
+    # goes past the marker to 6 = the high watermark. Red when the look compares p's position with the watermark.
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    consumer.watermarks = {(topic, 0): (0, 6), (topic, 1): (0, 6)}
+    consumer.positions = {(topic, 0): 6, (topic, 1): 6}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 5
+    loop_for(runner, clock, 120)
+    assert warnings(caplog) == [] and stalled(runner.metrics) == 0
+
+
+def test_unknown_watermarks_are_no_stall_and_a_stopped_partition_has_its_own_gauge(clock, caplog) -> None:
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    consumer.watermarks = {(topic, 1): (0, 50)}  # p0: never fetched
+    runner.tasks[1].stop("poison")
+    loop_for(runner, clock, 120)
+    assert warnings(caplog) == [] and stalled(runner.metrics) == 0
