@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from typing import NamedTuple, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
 from pipeline.core.schedule import Schedule
-from pipeline.core.stall import QUIET, Seen, StallWatch
+from pipeline.core.stall import QUIET, BrokerEnds, Seen, StallWatch
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings, live_timeout_ms
@@ -46,16 +47,20 @@ class Input(NamedTuple):
     fetched: int | None  # the consumer's position: past what it handed out, control records included; None: unknown
     low: int | None  # the cached watermarks (from fetch responses); None: unknown
     high: int | None
+    end: int | None = None  # the broker's last stable offset, when asked (BrokerEnds)
 
     @property
     def waiting(self) -> bool:
         """Records on the broker not handed out yet. The consumer's position, not p's: after the last record of a
         transaction, p's position stops at the commit marker, which the consumer skips."""
         at = self.fetched if self.fetched is not None else self.position if self.position is not None else self.low
-        return self.high is not None and at is not None and at < self.high
+        top = max((x for x in (self.high, self.end) if x is not None), default=None)
+        return top is not None and at is not None and at < top
 
     def __str__(self) -> str:
-        return f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}]"
+        stale = self.end is not None and (self.high is None or self.end > self.high)
+        broker = f", the broker's last stable offset {self.end}: the cached watermark is stale" if stale else ""
+        return f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}{broker}]"
 
 
 class PollLoop:
@@ -76,6 +81,7 @@ class PollLoop:
         self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
         self.stall = StallWatch(settings.stall_warning_ms, self.metrics.stalled)
+        self.ends = BrokerEnds(settings.stall_warning_ms / 1000, settings.request_timeout_ms / 1000)
         self.paused: set[int] = set()  # the partitions this loop paused (librdkafka does not say)
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
 
@@ -146,6 +152,23 @@ class PollLoop:
                     if i.topic == self.input_topic:
                         self.metrics.lag.labels(str(p)).set(lag)
         self.stall.look({p: self._seen(p, o, inputs[p]) for p, o in owned.items()})
+        self._ask_ends(owned, inputs)
+
+    def _ask_ends(self, owned: Mapping[int, Lifecycle], inputs: Mapping[int, list[Input]]) -> None:
+        """The partitions that look caught up but have not moved for a period: is the cached watermark stale?"""
+        if not self.stall.limit_s:
+            return
+        quiet = self.stall.quiet(self.stall.limit_s)
+        self.ends.ask(
+            self._admin_client(),
+            [
+                TopicPartition(i.topic, p)
+                for p in quiet
+                if p in owned and owned[p].phase is not Phase.RESTORING
+                for i in inputs[p]
+                if not i.waiting
+            ],
+        )
 
     def _inputs(self, owned: Mapping[int, Lifecycle]) -> dict[int, list[Input]]:
         """p -> where p stands in each topic it reads: local calls only (the watermarks are cached from fetch
@@ -154,13 +177,14 @@ class PollLoop:
         tps = [TopicPartition(topic, p) for p, by_topic in positions.items() for topic in by_topic]
         fetched = {(tp.topic, tp.partition): tp.offset for tp in self.input.position(tps)} if tps else {}
         found: dict[int, list[Input]] = {}
+        self.ends.collect()
         for p, by_topic in positions.items():
             found[p] = []
             for topic, position in by_topic.items():
-                low, high = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                at = fetched.get((topic, p), -1)
-                known = (x if x >= 0 else None for x in (at, low, high))
-                found[p].append(Input(topic, position, *known))
+                cached = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                at, low, high = (x if x >= 0 else None for x in (fetched.get((topic, p), -1), *cached))
+                self.ends.reached(topic, p, at)
+                found[p].append(Input(topic, position, at, low, high, self.ends.ends.get((topic, p))))
         return found
 
     def _seen(self, p: int, owned: Lifecycle, inputs: list[Input]) -> Seen:
@@ -181,6 +205,10 @@ class PollLoop:
             "assigned in the consumer" if p in assigned else "NOT assigned in the consumer",
         ]
         return "; ".join([*parts, *self._stall_detail(p)])
+
+    def _admin_client(self) -> AdminClient | None:
+        """The runner's admin client, which the stall watchdog asks for end offsets (None: it never asks)."""
+        return None
 
     def _restore_progress(self, p: int) -> object:
         """Changes whenever p's restore takes a step (each runner knows its restores)."""

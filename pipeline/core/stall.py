@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import Gauge
 
 from pipeline.core.lifecycle import Phase
@@ -47,7 +50,8 @@ class Seen:
 @dataclass
 class _Watch:
     progress: Hashable
-    since: float  # when p last moved (or last had nothing to do)
+    moved_at: float  # when p last moved (or was first seen)
+    waiting_since: float | None  # since when p has had work waiting without moving; None: nothing to do
     warned_at: float | None = None  # the last WARNING of this stall; None: not stalled
 
 
@@ -57,6 +61,11 @@ class StallWatch:
         self._gauge = gauge
         self._clock = clock
         self._watches: dict[int, _Watch] = {}
+
+    def quiet(self, at_least_s: float) -> list[int]:
+        """The partitions that have not moved for `at_least_s`, with work waiting or not."""
+        now = self._clock()
+        return [p for p, w in self._watches.items() if now - w.moved_at >= at_least_s]
 
     @property
     def stalled(self) -> list[int]:
@@ -68,36 +77,83 @@ class StallWatch:
             return
         now = self._clock()
         for p in [p for p in self._watches if p not in seen]:
-            self._end(p, now, "no longer owned")
+            self._ended(p, self._watches.pop(p), now, "is no longer owned")
         for p, s in seen.items():
             self._look_at(p, s, now)
         self._gauge.set(len(self.stalled))
 
     def _look_at(self, p: int, s: Seen, now: float) -> None:
         watch = self._watches.get(p)
-        if watch is None:
-            self._watches[p] = _Watch(s.progress, now)
-            return
-        if s.progress != watch.progress:
-            self._end(p, now, "moves again")
-            self._watches[p] = _Watch(s.progress, now)
-        elif s.phase in QUIET or not s.waiting:
-            # Nothing to do is no stall: the clock starts when input arrives.
-            self._end(p, now, f"has nothing to do any more ({s.phase.name})")
-            self._watches[p] = _Watch(s.progress, now)
-        elif now - watch.since >= self.limit_s and (watch.warned_at is None or now - watch.warned_at >= self.limit_s):
+        waiting = s.waiting and s.phase not in QUIET
+        if watch is None or s.progress != watch.progress:
+            if watch is not None:
+                self._ended(p, watch, now, "moves again")
+            self._watches[p] = _Watch(s.progress, now, now if waiting else None)
+        elif not waiting:  # nothing to do is no stall: the clock starts when input arrives
+            self._ended(p, watch, now, f"has nothing to do any more ({s.phase.name})")
+            watch.waiting_since = None
+        elif watch.waiting_since is None:
+            watch.waiting_since = now
+        elif now - watch.waiting_since >= self.limit_s and (
+            watch.warned_at is None or now - watch.warned_at >= self.limit_s
+        ):
             watch.warned_at = now
             log.warning(
                 "p%d stalled: %s, no progress for %.0f s with work waiting: %s. STALL_WARNING_MS=%d; %s",
                 p,
                 s.phase.name,
-                now - watch.since,
+                now - watch.moved_at,
                 s.describe(),
                 round(self.limit_s * 1000),
                 HINTS,
             )
 
-    def _end(self, p: int, now: float, how: str) -> None:
-        watch = self._watches.pop(p)
+    def _ended(self, p: int, watch: _Watch, now: float, how: str) -> None:
         if watch.warned_at is not None:
-            log.info("p%d %s after %.0f s stalled", p, how, now - watch.since)
+            log.info("p%d %s after %.0f s without progress", p, how, now - watch.moved_at)
+            watch.warned_at = None
+
+
+class BrokerEnds:
+    """The broker's last stable offsets of partitions that look caught up but have not moved for a while. The cached
+    high watermark comes with fetch responses: a fetcher that gets none for p keeps an old one, and p, left behind,
+    looks caught up (to the look, and to pipeline_consumer_lag). So: one ListOffsets request (read_committed) for such
+    partitions at most once per STALL_WARNING_MS, never waited for (its answer is read at a later look); an end is
+    kept until the consumer's position reaches it."""
+
+    def __init__(self, every_s: float, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every_s, self._timeout_s, self._clock = every_s, timeout_s, clock
+        self._asked_at = float("-inf")
+        self._pending: dict[TopicPartition, Future[object]] = {}
+        self.ends: dict[tuple[str, int], int] = {}  # (topic, p) -> the broker's last stable offset
+
+    def ask(self, admin: AdminClient | None, tps: Collection[TopicPartition]) -> None:
+        """Asks about `tps` unless a request is out or one went less than a period ago."""
+        now = self._clock()
+        if admin is None or not tps or self._pending or now - self._asked_at < self._every_s:
+            return
+        self._asked_at = now
+        request = {tp: OffsetSpec.latest() for tp in tps}
+        try:
+            self._pending = admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self._timeout_s
+            )
+        except Exception as e:  # the watchdog never stops the loop: it looks again next period
+            log.info("stall watchdog: could not ask the broker for end offsets: %s", e)
+
+    def collect(self) -> None:
+        """Takes in the answers of a request that is done."""
+        if not self._pending or not all(f.done() for f in self._pending.values()):
+            return
+        for tp, future in self._pending.items():
+            if future.exception() is None:
+                self.ends[(tp.topic, tp.partition)] = future.result().offset  # type: ignore[attr-defined]
+            else:
+                log.info("stall watchdog: no end offset for %s[%d]: %s", tp.topic, tp.partition, future.exception())
+        self._pending = {}
+
+    def reached(self, topic: str, p: int, position: int | None) -> None:
+        """The consumer's position of p: an end it reached is no longer needed."""
+        end = self.ends.get((topic, p))
+        if end is not None and position is not None and position >= end:
+            del self.ends[(topic, p)]

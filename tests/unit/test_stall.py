@@ -5,12 +5,15 @@ pipeline_stalled_partitions, and says when it moves again. No broker: a fake clo
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Mapping
+from concurrent.futures import Future
 
 import pytest
+from confluent_kafka import IsolationLevel, TopicPartition
 
 from pipeline.core.lifecycle import Phase
-from pipeline.core.stall import Seen, StallWatch
+from pipeline.core.stall import BrokerEnds, Seen, StallWatch
 from pipeline.examples.copier import app as copier
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.runner import KafkaRunner
@@ -72,7 +75,7 @@ def test_one_warning_per_period_while_it_lasts_then_an_info_when_it_moves(watch,
     assert len(warnings(caplog)) == 4 and "no progress for 60 s" in warnings(caplog)[2]
 
     look_for(watch, clock, 25, {3: seen(6), 4: seen(7)})  # p3 moved once, p4 never
-    assert "p3 moves again after 61 s stalled" in caplog.text
+    assert "p3 moves again after 61 s without progress" in caplog.text
     assert watch.stalled == [4] and stalled(metrics) == 1
 
 
@@ -85,10 +88,10 @@ def test_a_partition_that_moves_or_has_nothing_to_do_is_never_stalled(watch, clo
 
 def test_the_clock_starts_when_input_arrives(watch, clock, caplog) -> None:
     look_for(watch, clock, 100, {0: seen(5, waiting=False)})
-    look_for(watch, clock, 29, {0: seen(5)})
+    look_for(watch, clock, 30, {0: seen(5)})  # seen waiting at the first of these looks
     assert warnings(caplog) == []
     look_for(watch, clock, 1, {0: seen(5)})
-    assert len(warnings(caplog)) == 1
+    assert len(warnings(caplog)) == 1 and "no progress for 130 s" in warnings(caplog)[0]
 
 
 def test_a_restore_that_reads_is_no_stall_however_long(watch, clock, caplog) -> None:
@@ -106,8 +109,8 @@ def test_a_stall_ends_when_p_stops_or_goes(watch, clock, metrics, caplog) -> Non
     assert stalled(metrics) == 2
     look_for(watch, clock, 1, {0: seen(5, phase=Phase.STOPPED)})
     assert stalled(metrics) == 0
-    assert "p0 has nothing to do any more (STOPPED) after 31 s stalled" in caplog.text
-    assert "p1 no longer owned after 31 s stalled" in caplog.text
+    assert "p0 has nothing to do any more (STOPPED) after 31 s without progress" in caplog.text
+    assert "p1 is no longer owned after 31 s without progress" in caplog.text
 
 
 def test_0_turns_it_off(clock, metrics, caplog) -> None:
@@ -120,6 +123,7 @@ def test_0_turns_it_off(clock, metrics, caplog) -> None:
 def runner_on(consumer: FakeConsumer, clock: FakeClock) -> KafkaRunner:
     runner = kafka_runner(copier, consumer, lambda _: NullProducer(), app_id="stall", producers="per_process")
     runner.stall = StallWatch(LIMIT_MS, runner.metrics.stalled, clock)
+    runner.ends = BrokerEnds(LIMIT_MS / 1000, 10, clock)
     for p in range(2):
         runner.tasks[p] = task = KafkaTask(runner.ctx, p, runner._transaction_for(p))
         task.start(0)
@@ -155,7 +159,7 @@ def test_the_loop_warns_of_a_partition_the_fetcher_left_behind(clock, caplog) ->
     runner.tasks[0].next_offset = 30
     consumer.assigned.discard((topic, 1))
     loop_for(runner, clock, 1)
-    assert "p0 moves again after 31 s stalled" in caplog.text
+    assert "p0 moves again after 31 s without progress" in caplog.text
     assert stalled(runner.metrics) == 1
     loop_for(runner, clock, 30)
     assert "NOT assigned in the consumer" in [w for w in warnings(caplog) if w.startswith("p1")][-1]
@@ -180,3 +184,48 @@ def test_unknown_watermarks_are_no_stall_and_a_stopped_partition_has_its_own_gau
     runner.tasks[1].stop("poison")
     loop_for(runner, clock, 120)
     assert warnings(caplog) == [] and stalled(runner.metrics) == 0
+
+
+class FakeAdmin:
+    """list_offsets as the admin client answers it: a future per partition, set by the test."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[list[tuple[str, int]], object]] = []
+        self.futures: dict[tuple[str, int], Future[object]] = {}
+
+    def list_offsets(self, request: dict[TopicPartition, object], **kwargs: object) -> dict[TopicPartition, Future]:
+        self.asked.append((sorted((tp.topic, tp.partition) for tp in request), kwargs["isolation_level"]))
+        self.futures = {(tp.topic, tp.partition): Future() for tp in request}
+        return {TopicPartition(t, p): f for (t, p), f in self.futures.items()}
+
+    def answer(self, ends: dict[int, int]) -> None:
+        for (_, p), future in self.futures.items():
+            future.set_result(types.SimpleNamespace(offset=ends[p]))
+
+
+def test_a_partition_that_looks_caught_up_is_checked_against_the_broker(clock, caplog) -> None:
+    # The fetcher got no response for p0 since offset 20: its cached high watermark stayed 20, and p0 looks caught up
+    # (so does pipeline_consumer_lag). The broker says 50. Red without BrokerEnds.
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    consumer, topic, admin = FakeConsumer(), copier.input_topic, FakeAdmin()
+    runner = runner_on(consumer, clock)
+    runner._admin_client = lambda: admin  # type: ignore[method-assign,assignment,return-value]
+    consumer.watermarks = {(topic, 0): (0, 20), (topic, 1): (0, 20)}
+    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    loop_for(runner, clock, 30)
+    assert admin.asked == [] and warnings(caplog) == []
+    loop_for(runner, clock, 1)  # quiet for a period: asked, once, for both
+    assert admin.asked == [([(topic, 0), (topic, 1)], IsolationLevel.READ_COMMITTED)]
+    loop_for(runner, clock, 5)  # no answer yet: nothing asked again, nothing said
+    assert len(admin.asked) == 1 and warnings(caplog) == []
+    admin.answer({0: 50, 1: 20})
+    loop_for(runner, clock, 31)
+    assert [w.split(":")[0] for w in warnings(caplog)] == ["p0 stalled"]
+    assert "high watermark 20, the broker's last stable offset 50: the cached watermark is stale" in warnings(caplog)[0]
+    assert admin.asked[-1][0] == [(topic, 1)], "p0 is known to wait: only p1 is asked again"
+
+    consumer.positions[(topic, 0)] = 50
+    loop_for(runner, clock, 1)
+    assert "p0 moves again" in caplog.text and stalled(runner.metrics) == 0
+    assert (topic, 0) not in runner.ends.ends

@@ -159,6 +159,7 @@ class TakeOver:
     topics: tuple[str, ...]
     tasks: dict[int, KafkaTask]
     restores: RestoreManager
+    admin: AdminClient
     global_tables: GlobalTables | None
     _awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]]
     _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
@@ -269,6 +270,9 @@ class TakeOver:
         return self.tasks
 
     # -- for the stall watchdog (pipeline/core/stall.py) ---------------------------------------------------------------
+    def _admin_client(self) -> AdminClient | None:
+        return self.admin
+
     def _restore_progress(self, p: int) -> object:
         return self.restores.progress(p), p in self._awaiting_globals
 
