@@ -58,9 +58,18 @@ class Input(NamedTuple):
         return top is not None and at is not None and at < top
 
     def __str__(self) -> str:
-        stale = self.end is not None and (self.high is None or self.end > self.high)
-        broker = f", the broker's last stable offset {self.end}: the cached watermark is stale" if stale else ""
-        return f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}{broker}]"
+        where = f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}"
+        if self.end is None:
+            return f"{where}]"
+        if self.high is None or self.end > self.high:
+            why = "the cached high watermark is out of date: p is not being fetched"
+        elif self.fetched is not None and self.end <= self.fetched < self.high:
+            why = "an open transaction upstream holds p's records back from read_committed consumers"
+        elif self.fetched is not None and self.fetched < self.end:
+            why = "records readable on the broker, not fetched"
+        else:
+            why = "nothing readable waiting"
+        return f"{where}, the broker's last stable offset {self.end}: {why}]"
 
 
 class PollLoop:
@@ -155,20 +164,14 @@ class PollLoop:
         self._ask_ends(owned, inputs)
 
     def _ask_ends(self, owned: Mapping[int, Lifecycle], inputs: Mapping[int, list[Input]]) -> None:
-        """The partitions that look caught up but have not moved for a period: is the cached watermark stale?"""
+        """The partitions that have not moved for a period: does one that looks caught up have records waiting (its
+        cached watermark stale)? Does an open transaction hold one back?"""
         if not self.stall.limit_s:
             return
-        quiet = self.stall.quiet(self.stall.limit_s)
-        self.ends.ask(
-            self._admin_client(),
-            [
-                TopicPartition(i.topic, p)
-                for p in quiet
-                if p in owned and owned[p].phase is not Phase.RESTORING
-                for i in inputs[p]
-                if not i.waiting
-            ],
-        )
+        quiet = [
+            p for p in self.stall.quiet(self.stall.limit_s) if p in owned and owned[p].phase is not Phase.RESTORING
+        ]
+        self.ends.ask(self._admin_client(), [TopicPartition(i.topic, p) for p in quiet for i in inputs[p]])
 
     def _inputs(self, owned: Mapping[int, Lifecycle]) -> dict[int, list[Input]]:
         """p -> where p stands in each topic it reads: local calls only (the watermarks are cached from fetch

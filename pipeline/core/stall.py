@@ -115,11 +115,12 @@ class StallWatch:
 
 
 class BrokerEnds:
-    """The broker's last stable offsets of partitions that look caught up but have not moved for a while. The cached
-    high watermark comes with fetch responses: a fetcher that gets none for p keeps an old one, and p, left behind,
-    looks caught up (to the look, and to pipeline_consumer_lag). So: one ListOffsets request (read_committed) for such
-    partitions at most once per STALL_WARNING_MS, never waited for (its answer is read at a later look); an end is
-    kept until the consumer's position reaches it."""
+    """The broker's last stable offsets of the partitions that have not moved for a while. The cached high watermark
+    comes with fetch responses: a fetcher that gets none for p keeps an old one, and p, left behind, looks caught up
+    (to the look, and to pipeline_consumer_lag). And the high watermark alone cannot tell records not fetched from
+    records an open transaction holds back. So: one ListOffsets request (read_committed) for such partitions at most
+    once per STALL_WARNING_MS, never waited for (its answer is read at a later look); an end is kept until the
+    consumer's position passes it."""
 
     def __init__(self, every_s: float, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._every_s, self._timeout_s, self._clock = every_s, timeout_s, clock
@@ -153,7 +154,7 @@ class BrokerEnds:
         self._pending = {}
 
     def reached(self, topic: str, p: int, position: int | None) -> None:
-        """The consumer's position of p: an end it reached is no longer needed."""
+        """The consumer's position of p: an end it passed is no longer needed."""
         end = self.ends.get((topic, p))
-        if end is not None and position is not None and position >= end:
+        if end is not None and position is not None and position > end:
             del self.ends[(topic, p)]

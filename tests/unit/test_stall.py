@@ -222,10 +222,29 @@ def test_a_partition_that_looks_caught_up_is_checked_against_the_broker(clock, c
     admin.answer({0: 50, 1: 20})
     loop_for(runner, clock, 31)
     assert [w.split(":")[0] for w in warnings(caplog)] == ["p0 stalled"]
-    assert "high watermark 20, the broker's last stable offset 50: the cached watermark is stale" in warnings(caplog)[0]
-    assert admin.asked[-1][0] == [(topic, 1)], "p0 is known to wait: only p1 is asked again"
+    assert (
+        "high watermark 20, the broker's last stable offset 50: the cached high watermark is out of date"
+        in warnings(caplog)[0]
+    )
+    assert len(admin.asked) == 2, "once per period"
 
-    consumer.positions[(topic, 0)] = 50
+    consumer.positions[(topic, 0)] = 51  # past the end asked for
     loop_for(runner, clock, 1)
     assert "p0 moves again" in caplog.text and stalled(runner.metrics) == 0
     assert (topic, 0) not in runner.ends.ends
+
+
+def test_the_broker_tells_an_open_transaction_from_records_not_fetched(clock, caplog) -> None:
+    consumer, topic, admin = FakeConsumer(), copier.input_topic, FakeAdmin()
+    runner = runner_on(consumer, clock)
+    runner._admin_client = lambda: admin  # type: ignore[method-assign,assignment,return-value]
+    consumer.watermarks = {(topic, 0): (0, 50), (topic, 1): (0, 50)}
+    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    loop_for(runner, clock, 31)
+    admin.answer({0: 20, 1: 50})
+    loop_for(runner, clock, 30)
+    held = [w for w in warnings(caplog) if w.startswith("p0") and "the broker's last stable offset" in w]
+    not_fetched = [w for w in warnings(caplog) if w.startswith("p1") and "the broker's last stable offset" in w]
+    assert "last stable offset 20: an open transaction upstream holds p's records back" in held[0]
+    assert "last stable offset 50: records readable on the broker, not fetched" in not_fetched[0]
