@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
 from pipeline.core.schedule import Schedule
-from pipeline.core.stall import QUIET, BrokerEnds, Seen, StallWatch
+from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings, live_timeout_ms
@@ -93,6 +93,7 @@ class PollLoop:
         self.ends = BrokerEnds(settings.stall_warning_ms / 1000, settings.request_timeout_ms / 1000)
         self.paused: set[int] = set()  # the partitions this loop paused (librdkafka does not say)
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
+        self.loop_watch = LoopWatch(settings.stall_warning_ms, lambda: self._turned_at)
 
     def run(self) -> None:
         self.open()
@@ -106,11 +107,13 @@ class PollLoop:
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+        self.loop_watch.start()
         try:
             while not self._stop.is_set():
                 self._turned_at = time.monotonic()
                 self._loop_once()
         finally:
+            self.loop_watch.stop()
             self._shutdown()
             if health:
                 health.stop()

@@ -16,7 +16,11 @@ what `Seen.progress` holds changed since the last look.
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Collection, Hashable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -158,3 +162,61 @@ class BrokerEnds:
         end = self.ends.get((topic, p))
         if end is not None and position is not None and position > end:
             del self.ends[(topic, p)]
+
+
+class LoopWatch:
+    """The poll loop itself stuck (a call that does not return: a commit, a callback, a blocked process()): every
+    partition stalls, and the partition watchdog, which runs on the loop, cannot say so. /live answers 503 but
+    writes no line. A daemon thread looks once a second: a loop that has not turned for STALL_WARNING_MS gets a
+    WARNING with where it is (the loop thread's innermost frames), again every period, and an INFO once it turns."""
+
+    def __init__(
+        self, limit_ms: int, turned_at: Callable[[], float], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit_s = limit_ms / 1000
+        self._turned_at, self._clock = turned_at, clock
+        self._loop_thread: int | None = None
+        self._warned: tuple[float, float] | None = None  # (the turn warned about, when)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """From the loop's thread: watches it."""
+        if not self.limit_s:
+            return
+        self._loop_thread = threading.get_ident()
+        self._thread = threading.Thread(target=self._run, name="loop-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.check()
+
+    def check(self) -> None:
+        now, turned = self._clock(), self._turned_at()
+        if self._warned is not None and turned != self._warned[0]:
+            log.info("the poll loop turns again after %.0f s", turned - self._warned[0])
+            self._warned = None
+        if now - turned < self.limit_s or (self._warned is not None and now - self._warned[1] < self.limit_s):
+            return
+        self._warned = (turned, now)
+        log.warning(
+            "the poll loop has not turned for %.0f s: no partition of this process moves meanwhile. It is in: %s. "
+            "STALL_WARNING_MS=%d; a call to a broker or the database that does not return (their time-outs: "
+            "REQUEST_TIMEOUT_MS, TRANSACTION_TIMEOUT_MS), or process() blocked",
+            now - turned,
+            self._where(),
+            round(self.limit_s * 1000),
+        )
+
+    def _where(self) -> str:
+        frame = sys._current_frames().get(self._loop_thread or -1)
+        if frame is None:
+            return "(the loop's thread is gone)"
+        frames = traceback.extract_stack(frame, limit=6)
+        return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(frames))

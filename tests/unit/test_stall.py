@@ -5,6 +5,7 @@ pipeline_stalled_partitions, and says when it moves again. No broker: a fake clo
 from __future__ import annotations
 
 import logging
+import threading
 import types
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -13,7 +14,7 @@ import pytest
 from confluent_kafka import IsolationLevel, TopicPartition
 
 from pipeline.core.lifecycle import Phase
-from pipeline.core.stall import BrokerEnds, Seen, StallWatch
+from pipeline.core.stall import BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.examples.copier import app as copier
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.runner import KafkaRunner
@@ -248,3 +249,52 @@ def test_the_broker_tells_an_open_transaction_from_records_not_fetched(clock, ca
     not_fetched = [w for w in warnings(caplog) if w.startswith("p1") and "the broker's last stable offset" in w]
     assert "last stable offset 20: an open transaction upstream holds p's records back" in held[0]
     assert "last stable offset 50: records readable on the broker, not fetched" in not_fetched[0]
+
+
+# -- the poll loop itself stuck ---------------------------------------------------------------------------------------
+def test_a_loop_that_stops_turning_is_reported_with_where_it_is_stuck(clock, caplog) -> None:
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    turned = [clock.now]
+    release, inside = threading.Event(), threading.Event()
+    watch = LoopWatch(LIMIT_MS, lambda: turned[0], clock)
+
+    def a_commit_that_never_returns() -> None:
+        inside.set()
+        release.wait(30)
+
+    def loop() -> None:
+        watch._loop_thread = threading.get_ident()  # what start() does, without its thread: the test checks
+        a_commit_that_never_returns()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        for _ in range(29):
+            clock.now += 1
+            watch.check()
+        assert warnings(caplog) == []
+        for _ in range(31):
+            clock.now += 1
+            watch.check()
+        assert len(warnings(caplog)) == 2, "once per period"
+        assert "the poll loop has not turned for 30 s" in warnings(caplog)[0]
+        assert "a_commit_that_never_returns (test_stall.py:" in warnings(caplog)[0]
+    finally:
+        release.set()
+        thread.join(10)
+    turned[0] = clock.now
+    watch.check()
+    assert "the poll loop turns again after 60 s" in caplog.text
+
+
+def test_the_loop_watch_thread_starts_and_stops_with_the_loop_and_not_at_0(clock) -> None:
+    watch = LoopWatch(LIMIT_MS, lambda: clock.now, clock)
+    watch.start()
+    assert watch._thread is not None and watch._thread.is_alive()
+    watch.stop()
+    assert not watch._thread.is_alive()
+    off = LoopWatch(0, lambda: clock.now, clock)
+    off.start()
+    assert off._thread is None
+    off.stop()
