@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import NamedTuple, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.core.lifecycle import Lifecycle, Phase
@@ -181,7 +181,11 @@ class PollLoop:
         responses, the positions are the consumer's own), one position() call for all."""
         positions = {p: self._positions(o) for p, o in owned.items()}
         tps = [TopicPartition(topic, p) for p, by_topic in positions.items() for topic in by_topic]
-        fetched = {(tp.topic, tp.partition): tp.offset for tp in self.input.position(tps)} if tps else {}
+        try:
+            fetched = {(tp.topic, tp.partition): tp.offset for tp in self.input.position(tps)} if tps else {}
+        except KafkaException as e:  # the look never stops the loop: p's own position stands in this time
+            log.info("consumer positions not known (%s)", e)
+            fetched = {}
         found: dict[int, list[Input]] = {}
         self.ends.collect()
         for p, by_topic in positions.items():
