@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -32,6 +33,7 @@ from prometheus_client import Gauge
 from pipeline.core.lifecycle import Phase
 
 log = logging.getLogger(__name__)
+_STDLIB = sysconfig.get_paths()["stdlib"]
 # What the watchdog never calls stalled: a stopped partition has its ERROR and its gauge; a closed one is gone.
 QUIET = frozenset({Phase.STOPPED, Phase.CLOSED})
 HINTS = (
@@ -218,5 +220,6 @@ class LoopWatch:
         frame = sys._current_frames().get(self._loop_thread or -1)
         if frame is None:
             return "(the loop's thread is gone)"
-        frames = traceback.extract_stack(frame, limit=6)
+        # The project's frames say which step is stuck; the standard library's (a future's wait) only how.
+        frames = [f for f in traceback.extract_stack(frame, limit=30) if not f.filename.startswith(_STDLIB)][-8:]
         return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(frames))
