@@ -67,6 +67,7 @@ class StallWatch:
         self._gauge = gauge
         self._clock = clock
         self._watches: dict[int, _Watch] = {}
+        self._looked_at: float | None = None
 
     def quiet(self, at_least_s: float) -> list[int]:
         """The partitions that have not moved for `at_least_s`, with work waiting or not."""
@@ -82,6 +83,12 @@ class StallWatch:
         if not self.limit_s:
             return
         now = self._clock()
+        if self._looked_at is not None and now - self._looked_at >= self.limit_s:
+            # The loop itself did not turn (LoopWatch said so): p did not move because nothing ran. The waiting
+            # clocks start again, or every partition would echo the loop's WARNING.
+            for watch in self._watches.values():
+                watch.waiting_since = now if watch.waiting_since is not None else None
+        self._looked_at = now
         for p in [p for p in self._watches if p not in seen]:
             self._ended(p, self._watches.pop(p), now, "is no longer owned")
         for p, s in seen.items():

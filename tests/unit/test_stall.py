@@ -95,6 +95,17 @@ def test_the_clock_starts_when_input_arrives(watch, clock, caplog) -> None:
     assert len(warnings(caplog)) == 1 and "no progress for 130 s" in warnings(caplog)[0]
 
 
+def test_a_loop_that_did_not_turn_is_no_stall_of_its_partitions(watch, clock, caplog) -> None:
+    # The loop watch reports a loop blocked in a call; its partitions did not move because nothing ran.
+    watch.look({0: seen(5)})
+    clock.now += 60
+    watch.look({0: seen(5)})
+    look_for(watch, clock, 29, {0: seen(5)})
+    assert warnings(caplog) == []
+    look_for(watch, clock, 1, {0: seen(5)})
+    assert "p0 stalled: RUNNING, no progress for 90 s" in warnings(caplog)[0]
+
+
 def test_a_restore_that_reads_is_no_stall_however_long(watch, clock, caplog) -> None:
     for records in range(200):
         clock.now += 1
