@@ -78,6 +78,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.stalled = Gauge(
+            "pipeline_stalled_partitions",
+            "Owned partitions, not stopped, with input waiting (or a restore under way) that have not moved for "
+            "STALL_WARNING_MS",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )

@@ -131,6 +131,10 @@ class Settings:
     # fence (3 x REQUEST_TIMEOUT_MS) and its committed offsets (up to TRANSACTION_TIMEOUT_MS + REQUEST_TIMEOUT_MS).
     # 0: that longest healthy turn + 10 s (50 s + 10 s with the defaults).
     live_timeout_ms: int = 0
+    # The stalled-partition watchdog (pipeline/core/stall.py): an owned partition, not stopped, with input waiting
+    # (or a restore under way) that has not moved for this long gets a WARNING and counts in
+    # pipeline_stalled_partitions. 0: off.
+    stall_warning_ms: int = 30_000
     group_instance_id: str = ""  # static membership (e.g. the pod name); with per_process, the producer's name too
     # per_process: one transactional producer for the whole process (KIP-447); per_partition: one per input partition.
     # per_process by measurement: 14 threads at any partition count (per_partition ~5 per partition, 1,935 at 384),
@@ -260,7 +264,12 @@ def validate(s: Settings) -> None:
 
 
 def _validate_failover(s: Settings) -> None:
-    """FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22)."""
+    """The watchdogs: FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22), STALL_WARNING_MS."""
+    require(
+        s.stall_warning_ms == 0 or s.stall_warning_ms >= 1_000,
+        f"STALL_WARNING_MS={s.stall_warning_ms} must be 0 (off) or at least 1000: the watchdog looks once a second, "
+        "and a shorter stall is a commit or a fetch, not a stall",
+    )
     require(
         s.failure_detection_ms == 0 or 200 <= s.failure_detection_ms < s.session_timeout_ms,
         f"FAILURE_DETECTION_MS={s.failure_detection_ms} must be 0 (off) or from 200 up to below SESSION_TIMEOUT_MS "

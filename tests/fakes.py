@@ -6,7 +6,8 @@ claims exactly-once is proven against a real broker, in the tests marked `kafka`
 
 - `FakeProducer`: records every call, raises the errors queued for a method, delivers what it produced at flush.
 - `NullProducer`: does nothing and costs no time; remembers when each commit happened.
-- `FakeConsumer`: records the consumer calls of the protocol (seek, pause, resume, commit); hands out no records.
+- `FakeConsumer`: records the consumer calls of the protocol (seek, pause, resume, commit); hands out no records;
+  answers what a consumer knows locally (positions, cached watermarks, the assignment) as a test sets it.
 - `FeedConsumer`: hands out given records, at once or as they arrive on a `FakeClock`.
 """
 
@@ -201,6 +202,10 @@ class FakeConsumer:
         self.calls = Calls() if calls is None else calls
         self.committed_offset = committed_offset
         self.paused: set[int] = set()
+        # What librdkafka knows locally, per (topic, partition); unset: unknown (OFFSET_INVALID), as before any fetch.
+        self.positions: dict[tuple[str, int], int] = {}
+        self.watermarks: dict[tuple[str, int], tuple[int, int]] = {}  # cached (low, high)
+        self.assigned: set[tuple[str, int]] = set()
 
     @property
     def seeks(self) -> list[tuple[int, int]]:
@@ -234,6 +239,18 @@ class FakeConsumer:
     def resume(self, tps: list[TopicPartition]) -> None:
         self.paused -= {tp.partition for tp in tps}
         self.calls += [("resume", (tp.topic, tp.partition), {}) for tp in tps]
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [
+            TopicPartition(tp.topic, tp.partition, self.positions.get((tp.topic, tp.partition), -1001)) for tp in tps
+        ]
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = False) -> tuple[int, int]:
+        assert cached, "the poll loop never asks the broker"
+        return self.watermarks.get((tp.topic, tp.partition), (-1001, -1001))
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(topic, p) for topic, p in sorted(self.assigned)]
 
     def commit(self, offsets: list[TopicPartition] | None = None, asynchronous: bool = True) -> None:
         self.calls.append(("consumer.commit", ([(tp.topic, tp.partition, tp.offset) for tp in offsets or ()],), {}))

@@ -11,13 +11,15 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import NamedTuple, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
 from pipeline.core.schedule import Schedule
+from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.settings import CONSUMER, Settings, live_timeout_ms
@@ -37,6 +39,39 @@ class FatalRunnerError(RuntimeError):
     """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
 
 
+class Input(NamedTuple):
+    """Where an owned partition stands in one topic it reads, as the consumer knows it locally."""
+
+    topic: str
+    position: int | None  # the next offset to process (None: from the beginning)
+    fetched: int | None  # the consumer's position: past what it handed out, control records included; None: unknown
+    low: int | None  # the cached watermarks (from fetch responses); None: unknown
+    high: int | None
+    end: int | None = None  # the broker's last stable offset, when asked (BrokerEnds)
+
+    @property
+    def waiting(self) -> bool:
+        """Records on the broker not handed out yet. The consumer's position, not p's: after the last record of a
+        transaction, p's position stops at the commit marker, which the consumer skips."""
+        at = self.fetched if self.fetched is not None else self.position if self.position is not None else self.low
+        top = max((x for x in (self.high, self.end) if x is not None), default=None)
+        return top is not None and at is not None and at < top
+
+    def __str__(self) -> str:
+        where = f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}"
+        if self.end is None:
+            return f"{where}]"
+        if self.high is None or self.end > self.high:
+            why = "the cached high watermark is out of date: p is not being fetched"
+        elif self.fetched is not None and self.end <= self.fetched < self.high:
+            why = "an open transaction upstream holds p's records back from read_committed consumers"
+        elif self.fetched is not None and self.fetched < self.end:
+            why = "records readable on the broker, not fetched"
+        else:
+            why = "nothing readable waiting"
+        return f"{where}, the broker's last stable offset {self.end}: {why}]"
+
+
 class PollLoop:
     consumer: Consumer | None
     input_topic: str
@@ -54,8 +89,12 @@ class PollLoop:
         self._stop = threading.Event()
         self.all_stopped = False  # the run ended because every owned partition stopped (fail-fast)
         self._next_gauge_update = 0.0
+        self.stall = StallWatch(settings.stall_warning_ms, self.metrics.stalled)
+        self.ends = BrokerEnds(settings.stall_warning_ms / 1000, settings.request_timeout_ms / 1000)
+        self.paused: set[int] = set()  # the partitions this loop paused (librdkafka does not say)
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
         self.on_join: Callable[[str], None] = lambda member_id: None  # after every (re)join: the member id
+        self.loop_watch = LoopWatch(settings.stall_warning_ms, lambda: self._turned_at)
 
     def run(self) -> None:
         self.open()
@@ -69,11 +108,13 @@ class PollLoop:
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
+        self.loop_watch.start()
         try:
             while not self._stop.is_set():
                 self._turned_at = time.monotonic()
                 self._loop_once()
         finally:
+            self.loop_watch.stop()
             self._shutdown()
             if health:
                 health.stop()
@@ -105,7 +146,7 @@ class PollLoop:
         return len(self._owned_partitions())
 
     def _update_gauges(self) -> None:
-        """Readiness, the last turn and lag, at most once a second."""
+        """Readiness, the last turn, lag and the stall watchdog, at most once a second."""
         now = time.monotonic()
         if now < self._next_gauge_update:
             return
@@ -113,19 +154,81 @@ class PollLoop:
         self.metrics.loop_turned.set(time.time())
         self.metrics.ready.set(1 if self.is_ready() else 0)
         self._count_stopped()
-        for p, owned in self._owned_partitions().items():
-            if owned.phase is not Phase.RUNNING:
+        owned = {p: o for p, o in self._owned_partitions().items() if o.phase not in QUIET}
+        inputs = self._inputs(owned)
+        for p, o in owned.items():
+            if o.phase is not Phase.RUNNING:
                 continue
-            for topic, position in self._positions(owned).items():
-                if position is None:
-                    continue
-                # Cached from fetch responses: no request to the broker.
-                _, high = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                if high >= 0:
-                    lag = max(0, high - position)
-                    self.metrics.input_lag.labels(topic, str(p)).set(lag)
-                    if topic == self.input_topic:
+            for i in inputs[p]:
+                if i.position is not None and i.high is not None:
+                    lag = max(0, i.high - i.position)
+                    self.metrics.input_lag.labels(i.topic, str(p)).set(lag)
+                    if i.topic == self.input_topic:
                         self.metrics.lag.labels(str(p)).set(lag)
+        self.stall.look({p: self._seen(p, o, inputs[p]) for p, o in owned.items()})
+        self._ask_ends(owned, inputs)
+
+    def _ask_ends(self, owned: Mapping[int, Lifecycle], inputs: Mapping[int, list[Input]]) -> None:
+        """The partitions that have not moved for a period: does one that looks caught up have records waiting (its
+        cached watermark stale)? Does an open transaction hold one back?"""
+        if not self.stall.limit_s:
+            return
+        quiet = [
+            p for p in self.stall.quiet(self.stall.limit_s) if p in owned and owned[p].phase is not Phase.RESTORING
+        ]
+        self.ends.ask(self._admin_client(), [TopicPartition(i.topic, p) for p in quiet for i in inputs[p]])
+
+    def _inputs(self, owned: Mapping[int, Lifecycle]) -> dict[int, list[Input]]:
+        """p -> where p stands in each topic it reads: local calls only (the watermarks are cached from fetch
+        responses, the positions are the consumer's own), one position() call for all."""
+        positions = {p: self._positions(o) for p, o in owned.items()}
+        tps = [TopicPartition(topic, p) for p, by_topic in positions.items() for topic in by_topic]
+        try:
+            fetched = {(tp.topic, tp.partition): tp.offset for tp in self.input.position(tps)} if tps else {}
+        except KafkaException as e:  # the look never stops the loop: p's own position stands in this time
+            log.info("consumer positions not known (%s)", e)
+            fetched = {}
+        found: dict[int, list[Input]] = {}
+        self.ends.collect()
+        for p, by_topic in positions.items():
+            found[p] = []
+            for topic, position in by_topic.items():
+                cached = self.input.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+                at, low, high = (x if x >= 0 else None for x in (fetched.get((topic, p), -1), *cached))
+                self.ends.reached(topic, p, at)
+                found[p].append(Input(topic, position, at, low, high, self.ends.ends.get((topic, p))))
+        return found
+
+    def _seen(self, p: int, owned: Lifecycle, inputs: list[Input]) -> Seen:
+        """What the stall watchdog looks at: a restoring p moves with its restore, any other with its positions."""
+        if owned.phase is Phase.RESTORING:
+            return Seen(owned.phase, ("restore", self._restore_progress(p)), True, lambda: self._describe(p, inputs))
+        progress = tuple((i.position, i.fetched) for i in inputs)
+        waiting = any(i.waiting for i in inputs)
+        return Seen(owned.phase, progress, waiting, lambda: self._describe(p, inputs))
+
+    def _describe(self, p: int, inputs: list[Input]) -> str:
+        """For the stall WARNING: where p stands, whether it is paused and assigned in the consumer, and what the
+        runner knows (a restore's step, a take-over's retry)."""
+        assigned = {tp.partition for tp in self.input.assignment() if tp.topic == self.input_topic}
+        parts = [
+            ", ".join(map(str, inputs)),
+            "paused by this process" if p in self.paused else "not paused",
+            "assigned in the consumer" if p in assigned else "NOT assigned in the consumer",
+        ]
+        return "; ".join([*parts, *self._stall_detail(p)])
+
+    def _admin_client(self) -> AdminClient | None:
+        """The runner's admin client, which the stall watchdog asks for end offsets (None: it never asks)."""
+        return None
+
+    def _restore_progress(self, p: int) -> object:
+        """Changes whenever p's restore takes a step (each runner knows its restores)."""
+        return None
+
+    def _stall_detail(self, p: int) -> list[str]:
+        """What else the runner knows about a stalled p, for the WARNING."""
+        return []
 
     def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
         """topic -> the next offset to process, of every topic the owner of p reads (the Kafka runner's tasks of an
@@ -215,9 +318,15 @@ class PollLoop:
         unassign/assign: without this a partition paused by a drop (fenced) and then lost or taken over again stayed
         paused for good (seen in a chaos zombie run)."""
         self.input.resume([tp for p in partitions for tp in self._topic_partitions(p)])
+        self.paused.difference_update(partitions)
 
     def _pause(self, p: int) -> None:
         self.input.pause(self._topic_partitions(p))
+        self.paused.add(p)
+
+    def _resume(self, p: int) -> None:
+        self.input.resume(self._topic_partitions(p))
+        self.paused.discard(p)
 
     def _topic_partitions(self, p: int) -> list[TopicPartition]:
         """Every partition the task of p reads: partition p of the input (a runner with several inputs adds theirs)."""

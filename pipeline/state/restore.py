@@ -378,6 +378,17 @@ class ChangelogRestore:
                 self.snapshot_records + (self._load.records if self._load else 0),
             )
 
+    @property
+    def progress(self) -> tuple[int, str, int, int]:
+        """Changes with every record read (the stall watchdog, pipeline/core/stall.py: a restore that moves is no
+        stall, however long it takes)."""
+        load = self._load.records if self._load is not None else 0
+        return (self.restarts, self.phase.value, self.records, self.snapshot_records + load)
+
+    def stuck(self) -> str:
+        """Where the restore stands and what it waits for."""
+        return f"restore in phase {self.phase.value}, {self.records} changelog records read: {self._stuck()}"
+
     def _stuck(self) -> str:
         if self.phase is RestorePhase.SCAN and self._scan is not None:
             return f"{self.snapshot_topic}: {self._scan.stuck()}"

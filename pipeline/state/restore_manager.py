@@ -111,6 +111,26 @@ class RestoreManager:
         if (tables := self._tables.pop(p, None)) is not None:
             tables.close()
 
+    def progress(self, p: int) -> object:
+        """Changes with every step of p's restore that read something (the stall watchdog)."""
+        restore, tables = self._running.get(p), self._tables.get(p)
+        return (
+            restore.progress if restore is not None else None,
+            tables.records if tables is not None else None,
+            self._retry_at.get(p),
+        )
+
+    def stuck(self, p: int) -> str:
+        """What p's restore waits for, for the stall WARNING."""
+        if (tables := self._tables.get(p)) is not None:
+            return f"restoring its tables: {tables.stuck()}"
+        if (restore := self._running.get(p)) is not None:
+            return restore.stuck()
+        if p in self._retry_at:
+            left = max(0.0, self._retry_at[p] - time.monotonic())
+            return f"restore to start again in {left:.1f} s after broker trouble"
+        return "no restore of p running"
+
     def forget(self, p: int) -> None:
         if (restore := self._running.pop(p, None)) is not None:
             restore.close()

@@ -183,7 +183,9 @@ def imported_distributions(code: str) -> set[str]:
     by_module = metadata.packages_distributions()
     own = {"pipeline"}
     found = set()
-    for module in set(after.stdout.split()) - baseline - own - set(sys.stdlib_module_names):
+    # sysconfig's data module is the standard library's, under a platform-dependent name stdlib_module_names lacks.
+    stdlib = {m for m in after.stdout.split() if m.startswith("_sysconfigdata_")} | set(sys.stdlib_module_names)
+    for module in set(after.stdout.split()) - baseline - own - stdlib:
         assert module in by_module, f"{module} is imported but belongs to no installed distribution"
         found.update(canonicalize_name(d) for d in by_module[module])
     return found

@@ -128,6 +128,8 @@ def test_with_overrides_validates_again() -> None:
         ({"PIPELINE_BOOTSTRAP_SERVERS": ""}, ["BOOTSTRAP_SERVERS"]),
         ({"PIPELINE_TRANSACTION_TIMEOUT_MS": "900001"}, ["TRANSACTION_TIMEOUT_MS"]),
         ({"PIPELINE_MAX_POLL_INTERVAL_MS": "5000"}, ["MAX_POLL_INTERVAL_MS"]),
+        ({"PIPELINE_STALL_WARNING_MS": "500"}, ["STALL_WARNING_MS=500", "0 (off)"]),
+        ({"PIPELINE_STALL_WARNING_MS": "-1"}, ["STALL_WARNING_MS=-1"]),
     ],
     ids=[
         "unknown",
@@ -142,6 +144,8 @@ def test_with_overrides_validates_again() -> None:
         "empty-bootstrap",
         "txn-timeout-over-broker-max",
         "max-poll-too-short",
+        "stall-warning-below-a-second",
+        "stall-warning-negative",
     ],
 )
 def test_errors_name_the_setting(env: dict[str, str], names: list[str]) -> None:
@@ -149,6 +153,11 @@ def test_errors_name_the_setting(env: dict[str, str], names: list[str]) -> None:
         load(env=env)
     for name in names:
         assert name in str(raised.value)
+
+
+def test_the_stall_watchdog_is_on_by_default_and_0_turns_it_off() -> None:
+    assert load(env={}).stall_warning_ms == 30_000
+    assert load(env={"PIPELINE_STALL_WARNING_MS": "0"}).stall_warning_ms == 0
 
 
 def test_a_heartbeat_of_exactly_a_third_is_fine() -> None:

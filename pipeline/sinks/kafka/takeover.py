@@ -161,6 +161,7 @@ class TakeOver:
     topics: tuple[str, ...]
     tasks: dict[int, KafkaTask]
     restores: RestoreManager
+    admin: AdminClient
     global_tables: GlobalTables | None
     _awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]]
     _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
@@ -179,6 +180,8 @@ class TakeOver:
         def _new_task(self, p: int) -> KafkaTask: ...
 
         def _pause(self, p: int) -> None: ...
+
+        def _resume(self, p: int) -> None: ...
 
         def _resume_assigned(self, partitions: list[int]) -> None: ...
 
@@ -263,10 +266,30 @@ class TakeOver:
             self._input_records_deleted(deleted[0], p, deleted[1])  # p stops (paused), its position unusable
             return
         task.try_seek_back(self.input)  # the position comes from the committed offset, never from the fetcher
-        self.input.resume(self._topic_partitions(p))
+        self._resume(p)
 
     def _owned_partitions(self) -> dict[int, KafkaTask]:
         return self.tasks
+
+    # -- for the stall watchdog (pipeline/core/stall.py) ---------------------------------------------------------------
+    def _admin_client(self) -> AdminClient | None:
+        return self.admin
+
+    def _restore_progress(self, p: int) -> object:
+        return self.restores.progress(p), p in self._awaiting_globals
+
+    def _stall_detail(self, p: int) -> list[str]:
+        task = self.tasks.get(p)
+        detail = []
+        if task is not None and task.phase is Phase.RESTORING:
+            detail.append(self.restores.stuck(p) if self.app.stateful else "restored")
+            if p in self._awaiting_globals:
+                detail.append("waiting for the global tables to reach their targets")
+        if task is not None and task.holding:
+            detail.append("holding records while a burst of due timers fires")
+        if p in self._dropped_at:
+            detail.append("dropped (fenced or broken producer), to be taken over again")
+        return detail
 
     def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
         if isinstance(owned, MultiInputTask):

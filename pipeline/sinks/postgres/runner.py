@@ -126,6 +126,7 @@ class PostgresRunner(PollLoop):
         self._deleted_before_start: dict[int, tuple[str, str]] = {}  # p -> (topic, detail), reported while restoring
         self._backoff = Backoff(FIRST_BACKOFF_S, 2, settings.postgres_retry_backoff_max_ms / 1000)
         self._timeout_s = settings.request_timeout_ms / 1000
+        self._admin: AdminClient | None = None  # open() makes it; the stall watchdog asks it for end offsets
         self.pool: psycopg_pool.ConnectionPool | None = None
         self._ctx: PostgresTaskContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
@@ -148,7 +149,7 @@ class PostgresRunner(PollLoop):
         if self.consumer is not None:
             return
         s = self.settings
-        admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
+        self._admin = admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
         check_service(
             admin, Names(self.app_id, self.input_topic, ""), s, stateful=self.app.stateful, phase=BEFORE_TOPICS
         )
@@ -333,7 +334,7 @@ class PostgresRunner(PollLoop):
                 topic, detail = deleted
                 self._stop_partition(task, InputRecordsDeleted(topic, p, task.committed_offset, self.app_id, detail))
             elif task.try_seek_back(self.input):
-                self.input.resume([TopicPartition(self.input_topic, p)])
+                self._resume(p)
                 log.info("p%d: reading from offset %s (epoch %s)", p, task.committed_offset, task.epoch)
 
     # -- assignment --------------------------------------------------------------------------------------------------
@@ -378,6 +379,23 @@ class PostgresRunner(PollLoop):
 
     def _owned_partitions(self) -> dict[int, PostgresTask]:
         return self.tasks
+
+    def _admin_client(self) -> AdminClient | None:
+        return self._admin
+
+    def _restore_progress(self, p: int) -> object:
+        return self.tasks[p].restore_progress
+
+    def _stall_detail(self, p: int) -> list[str]:
+        """A take-over waits for PostgreSQL: its retries, its restore."""
+        task = self.tasks[p]
+        if p in self._retry_at:
+            failures = self._failures.get(p, 0)
+            left = max(0.0, self._retry_at[p] - time.monotonic())
+            return [f"taken over again in {left:.1f} s ({failures} failures in a row): is PostgreSQL reachable?"]
+        if task.phase is Phase.RESTORING:
+            return [f"restoring its state rows from PostgreSQL: {len(task.state)} keys read"]
+        return []
 
     def _close_partition(self, p: int, commit: bool) -> None:
         task = self.tasks.get(p)

@@ -174,6 +174,11 @@ class PostgresTask(Task):
         self.ctx.metrics.observe_restore(self.partition, self.restore_seconds, self.restored_keys)
         return True
 
+    @property
+    def restore_progress(self) -> tuple[str | None, int]:
+        """Changes with every page of state rows read (the stall watchdog, pipeline/core/stall.py)."""
+        return self._restored_up_to, len(self.state)
+
     def take_over(self) -> int | None:
         """fence() and every restore_step() in one go (tests and tools; the runner steps the restore between
         polls). Returns the offset to seek to."""
