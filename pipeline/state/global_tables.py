@@ -12,6 +12,7 @@ ask_targets() the high watermarks now, asked without waiting (PendingTargets); a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,9 +44,13 @@ class PendingTargets:
     restore that cannot finish does. Asked later, the targets are no lower: reads still never go back in time."""
 
     def __init__(
-        self, ask: Callable[[], dict[TopicPartition, Future[Any]]], request_timeout_s: float, give_up_s: float
+        self,
+        ask: Callable[[], dict[TopicPartition, Future[Any]]],
+        refresh: Callable[[], object],
+        request_timeout_s: float,
+        give_up_s: float,
     ) -> None:
-        self._ask, self._request_timeout_s = ask, request_timeout_s
+        self._ask, self._refresh, self._request_timeout_s = ask, refresh, request_timeout_s
         self._give_up_at = time.monotonic() + give_up_s
         self._futures, self._asked_at = ask(), time.monotonic()
         self._failures = 0
@@ -74,6 +79,10 @@ class PendingTargets:
         (log.warning if self._failures == 1 else log.info)(
             "global tables: end offsets for a take-over not known yet (%s); asking again", why
         )
+        # The admin client keeps the leaders it knew: after a broker restart every ask failed with
+        # FENCED_LEADER_EPOCH until its metadata was refreshed (seen for minutes in a broker-fault run).
+        with contextlib.suppress(KafkaException):
+            self._refresh()
         self._futures, self._asked_at = self._ask(), time.monotonic()
 
 
@@ -175,7 +184,11 @@ class GlobalTables:
             level = IsolationLevel.READ_UNCOMMITTED
             return self._admin.list_offsets(request, isolation_level=level, request_timeout=self._timeout_s)
 
-        return PendingTargets(ask, self._timeout_s, self._restore_timeout_s)
+        def refresh() -> None:
+            for table in self.tables.values():
+                self._admin.list_topics(table.spec.topic, timeout=min(1.0, self._timeout_s))
+
+        return PendingTargets(ask, refresh, self._timeout_s, self._restore_timeout_s)
 
     def reached(self, targets: Targets) -> bool:
         """Whether every table has been read up to `targets` (the consumer's position counts: markers and aborted

@@ -32,6 +32,10 @@ class Broker:
 
     def __init__(self) -> None:
         self.asks: list[dict[TopicPartition, Future[Any]]] = []
+        self.refreshes = 0
+
+    def refresh(self) -> None:
+        self.refreshes += 1
 
     def ask(self) -> dict[TopicPartition, Future[Any]]:
         self.asks.append({tp: Future() for tp in TPS})
@@ -55,7 +59,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 def test_the_targets_come_when_the_broker_answers_and_the_loop_never_waits(clock: Clock) -> None:
     broker = Broker()
-    pending = PendingTargets(broker.ask, request_timeout_s=10, give_up_s=600)
+    pending = PendingTargets(broker.ask, broker.refresh, request_timeout_s=10, give_up_s=600)
     assert pending.result() is None  # not answered yet: the loop goes on
     broker.answer([7, 9])
     assert pending.result() == {"accounts": {0: 7, 1: 9}}
@@ -64,13 +68,14 @@ def test_the_targets_come_when_the_broker_answers_and_the_loop_never_waits(clock
 
 def test_a_failed_ask_is_asked_again_after_a_second(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     broker = Broker()
-    pending = PendingTargets(broker.ask, request_timeout_s=10, give_up_s=600)
+    pending = PendingTargets(broker.ask, broker.refresh, request_timeout_s=10, give_up_s=600)
     broker.fail()
     assert pending.result() is None and len(broker.asks) == 1  # not sooner than ASK_AGAIN_AFTER_S
     clock.now += 1.5
     with caplog.at_level(logging.INFO, logger=global_tables.__name__):
         assert pending.result() is None
     assert len(broker.asks) == 2
+    assert broker.refreshes == 1, "stale leaders (FENCED_LEADER_EPOCH) fail every ask until the metadata is refreshed"
     assert "asking again" in caplog.text and "broker down" in caplog.text
     broker.answer([3, 4])
     assert pending.result() == {"accounts": {0: 3, 1: 4}}
@@ -78,7 +83,7 @@ def test_a_failed_ask_is_asked_again_after_a_second(clock: Clock, caplog: pytest
 
 def test_an_ask_without_an_answer_is_asked_again_after_the_request_timeout(clock: Clock) -> None:
     broker = Broker()
-    pending = PendingTargets(broker.ask, request_timeout_s=10, give_up_s=600)
+    pending = PendingTargets(broker.ask, broker.refresh, request_timeout_s=10, give_up_s=600)
     clock.now += 5
     assert pending.result() is None and len(broker.asks) == 1
     clock.now += 6
@@ -87,7 +92,7 @@ def test_an_ask_without_an_answer_is_asked_again_after_the_request_timeout(clock
 
 def test_after_the_restore_timeout_the_take_over_fails_loudly(clock: Clock) -> None:
     broker = Broker()
-    pending = PendingTargets(broker.ask, request_timeout_s=10, give_up_s=30)
+    pending = PendingTargets(broker.ask, broker.refresh, request_timeout_s=10, give_up_s=30)
     broker.fail()
     clock.now += 31
     with pytest.raises(EndOffsetsTimeout, match=r"RESTORE_TIMEOUT_MS.*broker down"):
