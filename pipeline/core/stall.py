@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable, Collection, Hashable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from types import FrameType
 
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -224,9 +225,22 @@ class LoopWatch:
         )
 
     def _where(self) -> str:
-        frame = sys._current_frames().get(self._loop_thread or -1)
-        if frame is None:
+        frames = sys._current_frames()
+        if (frame := frames.get(self._loop_thread or -1)) is None:
             return "(the loop's thread is gone)"
-        # The project's frames say which step is stuck; the standard library's (a future's wait) only how.
-        frames = [f for f in traceback.extract_stack(frame, limit=30) if not f.filename.startswith(_STDLIB)][-8:]
-        return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(frames))
+        where = _project_frames(frame, 8)
+        # A loop waiting on the commit threads (per-partition transactions) is stuck where they are: say that too.
+        names = {t.ident: t.name for t in threading.enumerate()}
+        helpers = [
+            f"[{names[ident]}] {_project_frames(f, 3)}"
+            for ident, f in frames.items()
+            if names.get(ident, "").startswith(("commit", "pg-commit")) and _project_frames(f, 1)
+        ]
+        return where + "".join(f"; {h}" for h in helpers[:4])
+
+
+def _project_frames(frame: FrameType, limit: int) -> str:
+    """The innermost project frames of a stack: they say which step is stuck; the standard library's (a future's
+    wait) only how."""
+    frames = [f for f in traceback.extract_stack(frame, limit=30) if not f.filename.startswith(_STDLIB)][-limit:]
+    return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(frames))

@@ -5,23 +5,25 @@ restore()    before the process joins its group, so before any task processes: e
              (read_uncommitted list-offsets: the read waits for a transaction left open by a dead producer to be
              aborted rather than stop at a last stable offset it pins, which would hide newer committed data)
 poll()       every loop turn: what arrived since, applied (never undone: a global table only moves forward)
-targets()    the high watermarks now; a partition taken over starts only once `reached(targets)`: whatever a
-             previous owner of it read of a table was below those, so reads never go back in time across
-             owners (docs/guarantees.md: table-reads-forward)
+ask_targets() the high watermarks now, asked without waiting (PendingTargets); a partition taken over starts only
+             once `reached(targets)`: whatever a previous owner of it read of a table was below those, so reads
+             never go back in time across owners (docs/guarantees.md: table-reads-forward)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import cast
+from concurrent.futures import Future
+from typing import Any, cast
 
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipeline.app import Table
-from pipeline.kafka.offsets import ReadToEndTimeout, TailReader, high_watermarks, low_watermarks
+from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout, TailReader, high_watermarks, low_watermarks
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.state.tables import TableView
@@ -29,6 +31,59 @@ from pipeline.state.tables import TableView
 log = logging.getLogger(__name__)
 Targets = dict[str, dict[int, int]]  # topic -> partition -> offset
 PROGRESS_EVERY_S = 2.0
+ASK_AGAIN_AFTER_S = 1.0  # a broker that refused or failed the last ask is not asked again sooner
+
+
+class PendingTargets:
+    """A take-over's targets: the high watermarks of every global table, asked for without waiting.
+
+    The poll loop never waits on the broker for them. It did: asked synchronously in the rebalance callback, a
+    broker that had just died held the loop 10 s per try, and then EndOffsetsTimeout came out of poll and ended both
+    members of a broker-fault run. Now the loop looks at the answer each turn (`result`); an ask that failed, or got
+    no answer within REQUEST_TIMEOUT_MS, is asked again; after RESTORE_TIMEOUT_MS the take-over fails loudly, as a
+    restore that cannot finish does. Asked later, the targets are no lower: reads still never go back in time."""
+
+    def __init__(
+        self,
+        ask: Callable[[], dict[TopicPartition, Future[Any]]],
+        refresh: Callable[[], object],
+        request_timeout_s: float,
+        give_up_s: float,
+    ) -> None:
+        self._ask, self._refresh, self._request_timeout_s = ask, refresh, request_timeout_s
+        self._give_up_at = time.monotonic() + give_up_s
+        self._futures, self._asked_at = ask(), time.monotonic()
+        self._failures = 0
+        self._targets: Targets | None = None
+
+    def result(self) -> Targets | None:
+        """The targets once the broker answered; None until then."""
+        if self._targets is None and all(f.done() for f in self._futures.values()):
+            try:
+                targets: Targets = {}
+                for tp, future in self._futures.items():
+                    targets.setdefault(tp.topic, {})[tp.partition] = future.result().offset
+                self._targets = targets
+            except KafkaException as e:
+                self._ask_again(str(e.args[0]))
+        elif self._targets is None and time.monotonic() - self._asked_at > self._request_timeout_s:
+            self._ask_again("no answer within REQUEST_TIMEOUT_MS")
+        return self._targets
+
+    def _ask_again(self, why: str) -> None:
+        if time.monotonic() > self._give_up_at:
+            raise EndOffsetsTimeout(f"global tables: end offsets not known within RESTORE_TIMEOUT_MS ({why})")
+        if time.monotonic() - self._asked_at < ASK_AGAIN_AFTER_S:
+            return  # the failed futures stay: looked at again next turn
+        self._failures += 1
+        (log.warning if self._failures == 1 else log.info)(
+            "global tables: end offsets for a take-over not known yet (%s); asking again", why
+        )
+        # The admin client keeps the leaders it knew: after a broker restart every ask failed with
+        # FENCED_LEADER_EPOCH until its metadata was refreshed (seen for minutes in a broker-fault run).
+        with contextlib.suppress(KafkaException):
+            self._refresh()
+        self._futures, self._asked_at = self._ask(), time.monotonic()
 
 
 class GlobalTable:
@@ -117,12 +172,23 @@ class GlobalTables:
                 applied += len(messages)
         return applied
 
-    def targets(self) -> Targets:
-        """The high watermarks of every global table now (list-offsets)."""
-        return {
-            table.spec.topic: high_watermarks(self._admin, table.spec.topic, sorted(table.positions), self._timeout_s)
+    def ask_targets(self) -> PendingTargets:
+        """The high watermarks of every table now (read_uncommitted list-offsets), without waiting for the answer."""
+        request = {
+            TopicPartition(table.spec.topic, p): OffsetSpec.latest()
             for table in self.tables.values()
+            for p in sorted(table.positions)
         }
+
+        def ask() -> dict[TopicPartition, Future[Any]]:
+            level = IsolationLevel.READ_UNCOMMITTED
+            return self._admin.list_offsets(request, isolation_level=level, request_timeout=self._timeout_s)
+
+        def refresh() -> None:
+            for table in self.tables.values():
+                self._admin.list_topics(table.spec.topic, timeout=min(1.0, self._timeout_s))
+
+        return PendingTargets(ask, refresh, self._timeout_s, self._restore_timeout_s)
 
     def reached(self, targets: Targets) -> bool:
         """Whether every table has been read up to `targets` (the consumer's position counts: markers and aborted

@@ -8,7 +8,7 @@ import logging
 import threading
 import types
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 from confluent_kafka import IsolationLevel, TopicPartition
@@ -310,3 +310,34 @@ def test_the_loop_watch_thread_starts_and_stops_with_the_loop_and_not_at_0(clock
     off.start()
     assert off._thread is None
     off.stop()
+
+
+def test_a_loop_waiting_on_its_commit_threads_names_where_they_are_stuck(clock, caplog) -> None:
+    """Per-partition transactions commit on a pool: the loop's own frames then only say it waits for the pool (a
+    full-suite run showed `_commit_due` for 90 s and nothing more)."""
+    release, inside = threading.Event(), threading.Event()
+    watch = LoopWatch(LIMIT_MS, lambda: 0.0, clock)
+
+    def a_commit_transaction_that_never_returns() -> None:
+        inside.set()
+        release.wait(30)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="commit")
+    try:
+
+        def loop() -> None:
+            watch._loop_thread = threading.get_ident()
+            pool.submit(a_commit_transaction_that_never_returns).result(30)
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        assert inside.wait(10)
+        clock.now += 31
+        watch.check()
+        warning = warnings(caplog)[0]
+        assert "It is in: loop (test_stall.py:" in warning
+        assert "[commit_0] a_commit_transaction_that_never_returns (test_stall.py:" in warning
+    finally:
+        release.set()
+        thread.join(10)
+        pool.shutdown()

@@ -57,7 +57,7 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
-from pipeline.state.global_tables import GlobalTables, Targets
+from pipeline.state.global_tables import GlobalTables, PendingTargets
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
@@ -178,7 +178,7 @@ class KafkaRunner(TakeOver, PollLoop):
             app.table_specs,
         )
         self.global_tables = self._global_tables() if app.global_tables else None
-        self._awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]] = {}
+        self._awaiting_globals: dict[int, tuple[PendingTargets, ChangelogRestore | None]] = {}
         self._deleted_before_start: dict[int, tuple[str, str]] = {}
         self._ctx: KafkaTaskContext | None = None
         self._process_txn: Transaction | None = None  # PRODUCERS=per_process: the one producer's transaction

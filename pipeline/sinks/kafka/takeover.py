@@ -28,7 +28,7 @@ from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
-from pipeline.state.global_tables import GlobalTables, Targets
+from pipeline.state.global_tables import GlobalTables, PendingTargets
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 
@@ -163,7 +163,7 @@ class TakeOver:
     restores: RestoreManager
     admin: AdminClient
     global_tables: GlobalTables | None
-    _awaiting_globals: dict[int, tuple[Targets, ChangelogRestore | None]]
+    _awaiting_globals: dict[int, tuple[PendingTargets, ChangelogRestore | None]]
     _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
     _dropped_at: dict[int, float]
     _process_txn: Transaction | None
@@ -208,13 +208,13 @@ class TakeOver:
                 [TopicPartition(t, p, OFFSET_BEGINNING if o is None else o) for t, p, o in positions]
             )
         self._resume_assigned(partitions)
-        targets = self.global_tables.targets() if self.global_tables is not None else None
+        targets = self.global_tables.ask_targets() if self.global_tables is not None else None
         for task in tasks:
             self._start(task, committed[task.partition], targets)
         self.metrics.assigned.set(len(self.tasks))
         log.info("assigned %s (committed offsets %s)", partitions, committed)
 
-    def _start(self, task: KafkaTask, committed: dict[str, int | None], targets: Targets | None) -> None:
+    def _start(self, task: KafkaTask, committed: dict[str, int | None], targets: PendingTargets | None) -> None:
         """p's committed offsets become its position; its state is restored, and its global tables read up to
         `targets`, before it processes anything (p stays paused meanwhile)."""
         p = task.partition
@@ -248,8 +248,11 @@ class TakeOver:
                 del self._awaiting_globals[p]
                 self._restored(self.tasks[p], restore)
 
-    def _globals_reached(self, targets: Targets) -> bool:
-        return self.global_tables is None or self.global_tables.reached(targets)
+    def _globals_reached(self, pending: PendingTargets) -> bool:
+        if self.global_tables is None:
+            return True
+        targets = pending.result()
+        return targets is not None and self.global_tables.reached(targets)
 
     def _restored(self, task: KafkaTask, restore: ChangelogRestore | None) -> None:
         """p's state and tables are complete: p is sought to its committed offsets and resumed."""
