@@ -17,7 +17,9 @@ from tests.support import eventually
 
 TOTALS = "pipeline.examples.running_totals:app"  # stateful: every commit carries changelog records and checkpoints
 PARTITIONS = 96
-RECORDS = 48_000
+# Long enough for the kills to land mid-drain on a quiet machine: there 48 000 drained in ~2 s, the time one look at
+# 96 partitions' committed offsets takes, and the third kill came after the drain.
+RECORDS = 192_000
 KILLS = 3
 
 
