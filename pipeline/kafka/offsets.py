@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
@@ -56,16 +56,13 @@ def watermarks(
         )
         return {tp.partition: f.result(timeout=remaining).offset for tp, f in futures.items()}
 
-    def refresh_leaders(error: Exception, failures: int, delay: float | None) -> None:
+    def on_failure(error: Exception, failures: int, delay: float | None) -> None:
         if delay is not None and isinstance(error, KafkaException) and error.args[0].code() in _LEADERSHIP_CHANGES:
-            with contextlib.suppress(KafkaException):  # the client's cached leaders are stale: refresh
-                admin.list_topics(topic, timeout=max(0.1, deadline - time.monotonic()))
+            refresh_leaders(admin, [topic], max(0.1, deadline - time.monotonic()))
 
     transient = lambda e: isinstance(e, KafkaException) and _transient(e.args[0])  # noqa: E731
     try:
-        return retry(
-            ask, retriable=transient, backoff=Backoff(0.1, 1.0), within_s=timeout_s, on_failure=refresh_leaders
-        )
+        return retry(ask, retriable=transient, backoff=Backoff(0.1, 1.0), within_s=timeout_s, on_failure=on_failure)
     except KafkaException as e:
         raise EndOffsetsTimeout(f"{topic}: end offsets not known within {timeout_s:.0f}s ({e.args[0]})") from e
     except TimeoutError as e:
@@ -94,6 +91,14 @@ def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], ti
 
 def _transient(error: KafkaError) -> bool:
     return error.retriable() or error.code() in _LEADERSHIP_CHANGES
+
+
+def refresh_leaders(admin: AdminClient, topics: Iterable[str], timeout_s: float) -> None:
+    """One metadata request per topic, best effort. The admin client keeps the partition leaders it knew: after a
+    broker restart every ListOffsets to them fails (FENCED_LEADER_EPOCH, NOT_LEADER_FOR_PARTITION) until then."""
+    for topic in topics:
+        with contextlib.suppress(KafkaException):
+            admin.list_topics(topic, timeout=timeout_s)
 
 
 def high_watermarks(admin: AdminClient, topic: str, partitions: list[int], timeout_s: float) -> dict[int, int]:

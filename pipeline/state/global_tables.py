@@ -12,7 +12,6 @@ ask_targets() the high watermarks now, asked without waiting (PendingTargets); a
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +22,14 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipeline.app import Table
-from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout, TailReader, high_watermarks, low_watermarks
+from pipeline.kafka.offsets import (
+    EndOffsetsTimeout,
+    ReadToEndTimeout,
+    TailReader,
+    high_watermarks,
+    low_watermarks,
+    refresh_leaders,
+)
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.state.tables import TableView
@@ -81,8 +87,7 @@ class PendingTargets:
         )
         # The admin client keeps the leaders it knew: after a broker restart every ask failed with
         # FENCED_LEADER_EPOCH until its metadata was refreshed (seen for minutes in a broker-fault run).
-        with contextlib.suppress(KafkaException):
-            self._refresh()
+        self._refresh()
         self._futures, self._asked_at = self._ask(), time.monotonic()
 
 
@@ -184,9 +189,10 @@ class GlobalTables:
             level = IsolationLevel.READ_UNCOMMITTED
             return self._admin.list_offsets(request, isolation_level=level, request_timeout=self._timeout_s)
 
+        topics = [table.spec.topic for table in self.tables.values()]
+
         def refresh() -> None:
-            for table in self.tables.values():
-                self._admin.list_topics(table.spec.topic, timeout=min(1.0, self._timeout_s))
+            refresh_leaders(self._admin, topics, min(1.0, self._timeout_s))
 
         return PendingTargets(ask, refresh, self._timeout_s, self._restore_timeout_s)
 
