@@ -5,7 +5,6 @@ any one of the ACLs the detector needs, the start stops naming the operation and
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from pipeline.kafka.acls import Names, pipeline_acls
 from pipeline.testing.harness import group_owners
 from tests.faults.conftest import assert_exactly_once
 from tests.security.conftest import PARTITIONS, PIPELINE, names_of, totals_records
-from tests.security.test_least_privilege import FAIL_FAST_S, assert_nothing_committed, named
+from tests.security.test_least_privilege import assert_nothing_committed, assert_start_refused
 from tests.support import eventually
 
 pytestmark = pytest.mark.secure
@@ -72,14 +71,5 @@ def test_without_a_detection_acl_the_start_fails_naming_it(key: str, secure_run,
     (missing,) = [acl for acl in needed if acl.key.replace(run.app_id, "APP") == key]
     grants.grant(PIPELINE, [acl for acl in needed if acl is not missing])
 
-    instance = run.start(1).instances[-1]
-    try:
-        exit_code = instance.process.wait(FAIL_FAST_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"without {missing.key} still running after {FAIL_FAST_S}s:\n{instance.log_tail()}")
-    log = instance.log_path.read_text(errors="replace")
-    assert exit_code == 2, log
-    assert "configuration error: missing Kafka permission" in log, log
-    assert named(missing) in log, log
+    assert_start_refused(run, missing)
     assert_nothing_committed(run)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import subprocess
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -58,16 +59,7 @@ def test_without_one_acl_the_start_fails_naming_it_and_commits_nothing(index: in
     )
     grants.grant(PIPELINE, [acl for acl in needed if acl is not missing])
 
-    instance = run.start(1).instances[-1]
-    try:
-        exit_code = instance.process.wait(FAIL_FAST_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"without {missing.key} still running after {FAIL_FAST_S}s:\n{instance.log_tail()}")
-    log = instance.log_path.read_text(errors="replace")
-    assert exit_code == 2, log
-    assert "configuration error: missing Kafka permission" in log, log
-    assert named(missing) in log, log
+    assert_start_refused(run, missing)
     assert_nothing_committed(run)
 
     grants.grant(PIPELINE, [missing])
@@ -82,6 +74,20 @@ def test_without_one_acl_the_start_fails_naming_it_and_commits_nothing(index: in
 def named(acl: Acl) -> str:
     """How the error names it: `READ and WRITE on topic 'x-changelog'`; a prefixed ACL by a name it covers."""
     return f"{' and '.join(acl.operations)} on {acl.resource} '{acl.name}" + ("" if acl.prefixed else "'")
+
+
+def assert_start_refused(run: Any, missing: Acl) -> None:
+    """One instance started without `missing` exits 2 within FAIL_FAST_S, its error naming the ACL."""
+    instance = run.start(1).instances[-1]
+    try:
+        exit_code = instance.process.wait(FAIL_FAST_S)
+    except subprocess.TimeoutExpired:
+        instance.kill()
+        pytest.fail(f"without {missing.key} still running after {FAIL_FAST_S}s:\n{instance.log_tail()}")
+    log = instance.log_path.read_text(errors="replace")
+    assert exit_code == 2, log
+    assert "configuration error: missing Kafka permission" in log, log
+    assert named(missing) in log, log
 
 
 def assert_nothing_committed(run: FaultRun) -> None:

@@ -5,14 +5,13 @@ cleanly."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
 
 from pipeline.kafka.acls import Names, postgres_acls
 from tests.security.conftest import PIPELINE, totals_records
-from tests.security.test_least_privilege import FAIL_FAST_S, named
+from tests.security.test_least_privilege import assert_start_refused
 
 pytestmark = [pytest.mark.secure, pytest.mark.postgres]
 TEMPLATE = postgres_acls(Names("APP", "IN", ""))
@@ -41,15 +40,7 @@ def test_without_one_acl_the_postgres_sink_stops_at_start_naming_it(index: int, 
     run.produce(totals_records(300, seed=index))
     grants.grant(PIPELINE, [acl for acl in needed if acl is not missing])
 
-    instance = run.start(1).instances[-1]
-    try:
-        exit_code = instance.process.wait(FAIL_FAST_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"without {missing.key} still running after {FAIL_FAST_S}s:\n{instance.log_tail()}")
-    log = instance.log_path.read_text(errors="replace")
-    assert exit_code == 2, log
-    assert "configuration error: missing Kafka permission" in log and named(missing) in log, log
+    assert_start_refused(run, missing)
 
     grants.grant(PIPELINE, [missing])
     run.start(1)
