@@ -215,16 +215,22 @@ class FakeAdmin:
             future.set_result(types.SimpleNamespace(offset=ends[p]))
 
 
+def runner_asking(clock: FakeClock, high: int) -> tuple[FakeConsumer, str, FakeAdmin, KafkaRunner]:
+    """A copier runner with an admin client to ask, p0 and p1 at offset 20, their cached high watermark `high`."""
+    consumer, topic, admin = FakeConsumer(), copier.input_topic, FakeAdmin()
+    runner = runner_on(consumer, clock)
+    runner._admin_client = lambda: admin  # type: ignore[method-assign,assignment,return-value]
+    consumer.watermarks = {(topic, 0): (0, high), (topic, 1): (0, high)}
+    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    return consumer, topic, admin, runner
+
+
 def test_a_partition_that_looks_caught_up_is_checked_against_the_broker(clock, caplog) -> None:
     # The fetcher got no response for p0 since offset 20: its cached high watermark stayed 20, and p0 looks caught up
     # (so does pipeline_consumer_lag). The broker says 50. Red without BrokerEnds.
     caplog.set_level(logging.INFO, "pipeline.core.stall")
-    consumer, topic, admin = FakeConsumer(), copier.input_topic, FakeAdmin()
-    runner = runner_on(consumer, clock)
-    runner._admin_client = lambda: admin  # type: ignore[method-assign,assignment,return-value]
-    consumer.watermarks = {(topic, 0): (0, 20), (topic, 1): (0, 20)}
-    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
-    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    consumer, topic, admin, runner = runner_asking(clock, high=20)
     loop_for(runner, clock, 30)
     assert admin.asked == [] and warnings(caplog) == []
     loop_for(runner, clock, 1)  # quiet for a period: asked, once, for both
@@ -247,12 +253,7 @@ def test_a_partition_that_looks_caught_up_is_checked_against_the_broker(clock, c
 
 
 def test_the_broker_tells_an_open_transaction_from_records_not_fetched(clock, caplog) -> None:
-    consumer, topic, admin = FakeConsumer(), copier.input_topic, FakeAdmin()
-    runner = runner_on(consumer, clock)
-    runner._admin_client = lambda: admin  # type: ignore[method-assign,assignment,return-value]
-    consumer.watermarks = {(topic, 0): (0, 50), (topic, 1): (0, 50)}
-    consumer.positions = {(topic, 0): 20, (topic, 1): 20}
-    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    _, _, admin, runner = runner_asking(clock, high=50)
     loop_for(runner, clock, 31)
     admin.answer({0: 20, 1: 50})
     loop_for(runner, clock, 30)
