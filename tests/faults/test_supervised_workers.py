@@ -14,7 +14,8 @@ import urllib.request
 from confluent_kafka.admin import AdminClient
 
 from pipeline.testing import inputs
-from pipeline.testing.harness import Instance
+from pipeline.testing.faults import FaultRun
+from pipeline.testing.harness import Fleet, Instance
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.support import eventually
 
@@ -26,6 +27,15 @@ STARTED = re.compile(r"worker (\d+) started: pid (\d+)")
 def worker_pids(supervisor: Instance) -> dict[int, int]:
     """Slot -> pid of the worker last started in it, from the supervisor's log."""
     return {int(slot): int(pid) for slot, pid in STARTED.findall(supervisor.log_path.read_text(errors="replace"))}
+
+
+def start_supervisor(run: FaultRun) -> tuple[Fleet, Instance]:
+    """One `pipeline run --workers 2`, returned once it started both workers."""
+    fleet = run.start(0)
+    fleet.run_args = ("--workers", "2")
+    (supervisor,) = fleet.start(1)
+    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    return fleet, supervisor
 
 
 def alive(pid: int) -> bool:
@@ -57,10 +67,7 @@ def test_a_killed_worker_restarts_and_sigterm_stops_all_cleanly(fault_run):
     # Static members: two workers with one GROUP_INSTANCE_ID would fence each other; each gets its own (-w0, -w1).
     run = fault_run(TOTALS, group_instance_id="totals-host")
     run.feed(list(inputs.running_totals_records(20_000, partitions=PARTITIONS, seed=11)), seconds=8)
-    fleet = run.start(0)
-    fleet.run_args = ("--workers", "2")
-    (supervisor,) = fleet.start(1)
-    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    fleet, supervisor = start_supervisor(run)
     first = worker_pids(supervisor)
     time.sleep(3)  # mid-stream: the victim has transactions open
     eventually(lambda: len(members(run.bootstrap, run.app_id)) == 2, 30, 0.2)
@@ -93,10 +100,7 @@ def test_with_fast_detection_a_restarted_worker_takes_its_slot_back_without_a_re
         SLOW_START, group_instance_id="totals-host", failure_detection_ms="1500", session_timeout_ms="30000"
     )
     run.feed(list(inputs.running_totals_records(20_000, partitions=PARTITIONS, seed=12)), seconds=8)
-    fleet = run.start(0)
-    fleet.run_args = ("--workers", "2")
-    (supervisor,) = fleet.start(1)
-    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    _, supervisor = start_supervisor(run)
     first = worker_pids(supervisor)
     eventually(lambda: len(members(run.bootstrap, run.app_id)) == 2, 30, 0.2)
     before = members(run.bootstrap, run.app_id)
@@ -137,10 +141,7 @@ def test_the_supervisors_live_is_503_while_a_workers_loop_is_stuck(fault_run):
     timeouts = {"transaction_timeout_ms": "4000", "request_timeout_ms": "4000", "live_timeout_ms": "21000"}
     run = fault_run(TOTALS, group_instance_id="totals-host", metrics_port=str(port), **timeouts)
     run.feed(list(inputs.running_totals_records(10_000, partitions=PARTITIONS, seed=13)), seconds=10)
-    fleet = run.start(0)
-    fleet.run_args = ("--workers", "2")
-    (supervisor,) = fleet.start(1)
-    eventually(lambda: len(worker_pids(supervisor)) == 2, 30)
+    _, supervisor = start_supervisor(run)
     eventually(lambda: status(port, "/ready") == 200, 60, 0.5)  # both workers' loops turn (before: not judged)
     assert status(port) == 200
     stuck = worker_pids(supervisor)[1]
