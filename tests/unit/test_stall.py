@@ -150,6 +150,19 @@ def loop_for(runner: KafkaRunner, clock: FakeClock, seconds: int) -> None:
         runner._update_gauges()
 
 
+def test_off_the_loop_asks_the_consumer_for_no_positions_and_still_sets_the_lag(clock, caplog) -> None:
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    runner.stall = StallWatch(0, runner.metrics.stalled, clock)
+    asked: list[list[TopicPartition]] = []
+    consumer.position = lambda tps: asked.append(tps) or []  # type: ignore[method-assign,func-returns-value]
+    consumer.watermarks = {(topic, 0): (0, 50), (topic, 1): (0, 50)}
+    runner.tasks[0].next_offset = runner.tasks[1].next_offset = 20
+    loop_for(runner, clock, 31)
+    assert asked == [] and warnings(caplog) == []
+    assert runner.metrics.lag.labels("0")._value.get() == 30
+
+
 def test_the_loop_warns_of_a_partition_the_fetcher_left_behind(clock, caplog) -> None:
     caplog.set_level(logging.INFO, "pipeline.core.stall")
     consumer, topic = FakeConsumer(), copier.input_topic
