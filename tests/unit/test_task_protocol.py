@@ -427,6 +427,25 @@ def test_close_never_raises_when_abort_and_flush_fail() -> None:
     assert task.phase is Phase.CLOSED
 
 
+def test_close_of_a_dropped_task_does_not_flush_its_broken_producer_and_survives_a_failing_flush() -> None:
+    """A paused member, fenced on waking, lost its partition in the same poll: the flush of its fatal producer inside
+    the rebalance callback raised SystemError (around the KafkaException), and the worker died."""
+    h = Harness()
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**FENCED))
+    with pytest.raises(PartitionDropped):
+        h.commit(task)
+    task.drop("fenced")
+    h.close(task, commit=False)
+    assert "flush" not in h.calls.names() and task.phase is Phase.CLOSED
+    h = Harness()
+    task = h.task(committed=0)
+    h.producers[0].fail("flush", SystemError("<built-in function len> returned a result with an exception set"))
+    h.close(task, commit=False)
+    assert h.calls.names() == ["flush"] and task.phase is Phase.CLOSED
+
+
 @pytest.mark.parametrize("error", [FENCED, ABORTABLE], ids=["fenced", "abortable"])
 def test_close_never_raises_when_the_commit_abort_and_flush_fail(error: dict) -> None:
     h = Harness()

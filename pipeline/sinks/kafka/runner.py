@@ -26,12 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import (
-    Consumer,
-    KafkaException,
-    Message,
-    Producer,
-)
+from confluent_kafka import Consumer, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from pipeline.app import App
@@ -145,8 +140,12 @@ def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
                 log.info("%s: open transaction not aborted here (%s): fenced or timed out", txn.name, e)
         for other in others:
             other.rewind()
-    with contextlib.suppress(KafkaException):  # a fenced producer refuses even to flush
-        txn.producer.flush(txn.timeout_s)
+    # Best effort. A fenced or fatal producer delivers nothing more; one can turn fatal behind our back (fenced while
+    # paused), and its flush then fails with a KafkaException, or, inside a rebalance callback, with a SystemError
+    # around one: a worker died on it in a fault run (paused, fenced on waking, lost its partitions in that poll).
+    with contextlib.suppress(KafkaException, SystemError):
+        if not txn.broken:
+            txn.producer.flush(txn.timeout_s)
     task.close()
 
 
