@@ -69,8 +69,9 @@ class Harness:
     def transaction(self, p: int = P) -> Transaction:
         """As the runner builds it with PRODUCERS=per_partition: a producer named after p."""
         tid = transactional_id(APP_ID, INPUT, p) if self.settings.exactly_once else None
-        producer = self._make_producer(tid)
-        return Transaction(producer, self.settings, f"p{p}", self.abort_hook, self.metrics.commit_latency.observe)  # type: ignore[arg-type]
+        make = lambda: self._make_producer(tid)  # noqa: E731
+        observe = self.metrics.commit_latency.observe
+        return Transaction(make(), self.settings, f"p{p}", self.abort_hook, observe, renew_with=make)  # type: ignore[arg-type]
 
     def new_task(self, p: int = P) -> KafkaTask:
         return KafkaTask(self.ctx, p, self.transaction(p))

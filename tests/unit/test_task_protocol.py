@@ -24,7 +24,15 @@ from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.sinks.kafka.runner import abort_and_rewind
 from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
-from tests.fakes import ABORTABLE, FENCED, GROUP_METADATA, RETRIABLE, kafka_exception, kafka_message
+from tests.fakes import (
+    ABORTABLE,
+    FENCED,
+    GROUP_METADATA,
+    RETRIABLE,
+    FakeProducer,
+    kafka_exception,
+    kafka_message,
+)
 from tests.harness import APP_ID, CHANGELOG, DLQ, INPUT, OUTPUT, Harness, P, msg, poison
 
 
@@ -182,6 +190,45 @@ def test_at_least_once_commit_flushes_then_commits_offsets_on_the_consumer() -> 
     assert h.calls[-1][1] == ([(INPUT, P, 2)],)
 
 
+# -- renew-after-abort (docs/guarantees.md) ----------------------------------------------------------------------------
+def test_after_an_abort_the_next_transaction_runs_on_a_new_producer_initialised_under_the_same_name() -> None:
+    """Without KIP-890 in librdkafka, a request of the aborted transaction still in flight could land in the next
+    one (same epoch): p2 committed at 6646 with a changelog that ended at 6499 (a CI fault run)."""
+    h = Harness()
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    old = h.producers[0]
+    old.fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
+    with pytest.raises(TransactionAborted):
+        h.commit(task)
+    abort_and_rewind(task)
+    assert len(h.producers) == 2
+    new = h.producers[1]
+    assert new.transactional_id == old.transactional_id and new is task.producer and new is task.txn.producer
+    names = h.calls.names()
+    assert names.index("abort_transaction") < names.index("init_transactions") < names.index("seek")
+    produced_before = len(old.records)
+    task.process([msg(0)])
+    h.commit(task)
+    assert len(old.records) == produced_before and new.records  # nothing more goes through the old one
+    assert task.committed_offset == 1
+
+
+def test_a_renewal_that_cannot_initialise_drops_the_partition() -> None:
+    h = Harness()
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
+    with pytest.raises(TransactionAborted):
+        h.commit(task)
+    failing = FakeProducer(h.calls, "p")
+    failing.fail("init_transactions", kafka_exception(**FENCED))
+    task.txn._renew_with = lambda: failing  # type: ignore[assignment,return-value]
+    with pytest.raises(PartitionDropped, match="init_transactions after an abort"):
+        abort_and_rewind(task)
+    assert task.txn.broken
+
+
 # -- errors in commit (docs/guarantees.md: unknown-commit-retried) -----------------------------------------------------
 @pytest.mark.parametrize("method", ["commit_transaction", "send_offsets_to_transaction"])
 def test_a_retriable_error_is_retried_and_not_aborted(method: str) -> None:
@@ -225,7 +272,7 @@ def test_txn_requires_abort_aborts_then_rewinds_state_and_position(method: str) 
     assert "commit_transaction" not in h.calls.names()[h.calls.names().index(method) + 1 :]
     assert task.committed_offset == 4
     abort_and_rewind(task)
-    assert h.calls.names()[-2:] == ["abort_transaction", "seek"]
+    assert h.calls.names()[-3:] == ["abort_transaction", "init_transactions", "seek"]  # renew-after-abort
     assert h.calls[-1][1] == (INPUT, P, 4)  # the committed offset, never the fetched position
     assert dict(task.state) == {"a": [1, 10]}
     assert not task.state.in_transaction

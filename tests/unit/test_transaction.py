@@ -136,3 +136,28 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
     assert sorted(consumer.seeks) == [(0, 10), (1, 10)]
     assert (runner.tasks[0].next_offset, runner.tasks[1].next_offset) == (10, 10)
     assert [r["value"] for r in calls.produced()] == [b"v", b"v"]  # p1@10, then p0@10 that failed: nothing else
+
+
+def test_after_an_abort_every_partition_of_the_process_runs_on_one_new_producer() -> None:
+    """renew-after-abort (docs/guarantees.md), PRODUCERS=per_process: the process's producer is replaced under the
+    same name and initialised once; every task then produces through the new one, the old one gets nothing more."""
+    calls = Calls()
+    made: list[FakeProducer] = []
+    consumer = FakeConsumer(committed_offset=10)
+
+    def make(txn_id: str | None) -> FakeProducer:
+        made.append(FakeProducer(calls, txn_id))
+        return made[-1]
+
+    runner = kafka_runner(copier, consumer, make, app_id="unit", producers="per_process")
+    runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
+    runner._dispatch([kafka_message(10, partition=1)])
+    made[0].fail("produce", kafka_exception(**ABORTABLE))
+    runner._dispatch([kafka_message(10, partition=0)])
+    assert len(made) == 2 and made[1].transactional_id == made[0].transactional_id
+    assert calls.names()[-2:] == ["abort_transaction", "init_transactions"]
+    assert sorted(consumer.seeks) == [(0, 10), (1, 10)]
+    old_records = len(made[0].records)
+    runner._dispatch([kafka_message(10, partition=0), kafka_message(10, partition=1)])
+    assert {runner.tasks[0].producer, runner.tasks[1].producer} == {made[1]}
+    assert len(made[0].records) == old_records and len(made[1].records) == 2

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer
@@ -99,18 +100,18 @@ def commit_transaction(txn: Transaction, consumer: Consumer) -> None:
 
 
 def abort_transaction(txn: Transaction) -> None:
-    """Aborts what `txn` holds; every task in it goes back to its last commit: state undone, input sought back to
-    the committed offset. Raises PartitionDropped when even the abort is refused (fenced)."""
+    """Aborts what `txn` holds, on a new producer from then on (`Transaction.renew`); every task in it goes back to its
+    last commit: state undone, input sought back. PartitionDropped when the abort or the renewal is refused."""
     tasks = txn.end()
     if tasks and txn.transactional:
         txn.call(txn.producer.abort_transaction, txn.timeout_s)
+        txn.renew()
     for task in tasks:
         task.rewind()
 
 
 def abort_and_rewind(task: KafkaTask) -> None:
-    """After a failure of `task`'s own: its transaction aborted (the other tasks in it rewind too), or, with
-    nothing of it open there, p alone goes back to its last commit."""
+    """After a failure of `task`'s own: its transaction aborted (the others in it rewind too), or p alone rewound."""
     if task in task.txn.participants:
         abort_transaction(task.txn)
     else:
@@ -232,9 +233,9 @@ class KafkaRunner(TakeOver, PollLoop):
         return task_type(self.ctx, p, self._transaction_for(p))
 
     def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
-        producer = self._make_producer(txn_id if self.settings.exactly_once else None)
+        make = partial(self._make_producer, txn_id if self.settings.exactly_once else None)
         observe = self.metrics.commit_latency.observe
-        return Transaction(producer, self.settings, name or txn_id, self._abort_hook, observe)
+        return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, renew_with=make)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:

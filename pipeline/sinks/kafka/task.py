@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record, checked_outputs
 from pipeline.core.deadletter import DeadLetter
@@ -80,7 +80,6 @@ class KafkaTask(Task):
         super().__init__(ctx.app, s, metrics, ctx.input_topic, partition, attempts, ctx.schedule)
         self.ctx = ctx
         self.txn = txn  # the runner's: this partition's own, or the process's (PRODUCERS=per_process)
-        self.producer = txn.producer
         self.state: PartitionState = new_state(ctx.app, ctx.wall_clock)
         self.state.tables = self.table_views()
         self._staged = 0  # transactions p staged work in; the checkpoint of the n-th one is reported by delivery
@@ -101,6 +100,11 @@ class KafkaTask(Task):
             if ctx.app.timed
             else None
         )
+
+    @property
+    def producer(self) -> Producer:
+        """The transaction's producer, asked each time: it is replaced after an abort (`Transaction.renew`)."""
+        return self.txn.producer
 
     # -- 1. position and restore ---------------------------------------------------------------------------------------
     def start(self, committed_offset: int | None, restore: bool | None = None) -> None:

@@ -76,8 +76,10 @@ class Transaction:
         name: str,
         abort_hook: Callable[[int], bool] | None = None,
         observe_commit: Callable[[float], None] | None = None,
+        renew_with: Callable[[], Producer] | None = None,
     ) -> None:
         self.producer = producer
+        self._renew_with = renew_with  # makes a producer under the same transactional.id (`renew`)
         self.name = name  # for log lines: "p3" or the process's transactional.id
         self.participants: list[Participant] = []
         self.broken = False  # fenced or fatal: this producer never commits again
@@ -99,6 +101,24 @@ class Transaction:
         if self.transactional and not self._fenced:
             self.producer.init_transactions(self.timeout_s)
             self._fenced = True
+
+    def renew(self) -> None:
+        """After an abort, before the next transaction: a new producer under the same transactional.id, initialised
+        (docs/guarantees.md: renew-after-abort). librdkafka lacks KIP-890 (confluentinc/librdkafka#5423): the epoch
+        stays the same from one transaction to the next, so a request of the aborted one still in flight (an offset
+        commit retried while a coordinator moved) can land in the next and commit offsets whose changelog was
+        aborted. A CI fault run found p2 committed at 6646 with a changelog that ended at 6499. init_transactions
+        bumps the epoch, which fences every request of the old producer. PartitionDropped when it cannot be done."""
+        if not self.transactional or self._renew_with is None:
+            return
+        started = time.monotonic()
+        self.producer, self._fenced = self._renew_with(), False
+        try:
+            self.fence()
+        except KafkaException as e:
+            self.broken = True
+            raise PartitionDropped(f"init_transactions after an abort: {kafka_error(e) or e}") from e
+        log.info("%s: aborted; a new producer took over in %.0f ms", self.name, 1000 * (time.monotonic() - started))
 
     def join(self, task: Participant) -> None:
         """`task` stages work in this transaction from now on; the first one begins it."""
