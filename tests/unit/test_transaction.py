@@ -36,6 +36,7 @@ class Shared(Harness):
             self.settings,
             "unit.in.process-a",
             observe_commit=self.metrics.commit_latency.observe,
+            renew_with=lambda: self._make_producer("unit.in.process-a"),  # type: ignore[arg-type,return-value]
         )
 
     def new_task(self, p: int = 0) -> KafkaTask:
@@ -161,3 +162,16 @@ def test_after_an_abort_every_partition_of_the_process_runs_on_one_new_producer(
     runner._dispatch([kafka_message(10, partition=0), kafka_message(10, partition=1)])
     assert {runner.tasks[0].producer, runner.tasks[1].producer} == {made[1]}
     assert len(made[0].records) == old_records and len(made[1].records) == 2
+
+
+def test_a_partition_lost_mid_transaction_aborts_it_and_the_others_run_on_a_new_producer() -> None:
+    h = Shared()
+    p0, p1 = h.tasks(0, 1)
+    p0.process([msg(0)])
+    p1.process([msg(0)])
+    h.close(p0, commit=False)  # lost
+    assert h.calls.names()[-4:] == ["abort_transaction", "init_transactions", "seek", "flush"]
+    assert p1.producer is h.producers[1] and p1.next_offset == 0  # rewound, on the new producer
+    p1.process([msg(0)])
+    h.commit(p1)
+    assert p1.committed_offset == 1 and h.producers[1].records

@@ -119,9 +119,8 @@ def abort_and_rewind(task: KafkaTask) -> None:
 
 
 def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
-    """Ends p's ownership: its open work committed (revoked, shut down) or aborted (lost: someone else may own p
-    already), then the producer flushed. Never raises: whatever is left open is aborted by the broker's transaction
-    time-out or by the next owner's fence."""
+    """Ends p's ownership: its open work committed (revoked) or aborted (lost), then the producer flushed. Never
+    raises: whatever is left open is aborted by the broker's transaction time-out or by the next owner's fence."""
     if task.phase is Phase.CLOSED:
         return
     txn = task.txn
@@ -131,19 +130,20 @@ def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
         except (TransactionAborted, PartitionDropped, KafkaException) as e:
             log.warning("p%d: could not commit on close: %s", task.partition, e)
     if task in txn.participants and task.phase is not Phase.DROPPED:
-        # Aborted once, without retries; the other tasks in it (PRODUCERS=per_process) rewind and run on.
+        # Aborted once, no retries; any others in it (per_process) rewind and run on a new producer (renew-after-abort)
         others = [t for t in txn.end() if t is not task]
         if txn.transactional and not txn.broken:
             try:
                 txn.producer.abort_transaction(txn.timeout_s)
                 log.info("%s: open transaction aborted (p%d closed)", txn.name, task.partition)
-            except KafkaException as e:
-                log.info("%s: open transaction not aborted here (%s): fenced or timed out", txn.name, e)
+                if others:
+                    txn.renew()
+            except (KafkaException, PartitionDropped) as e:
+                log.info("%s: open transaction not aborted or not renewed here (%s)", txn.name, e)
         for other in others:
             other.rewind()
-    # Best effort. A fenced or fatal producer delivers nothing more; one can turn fatal behind our back (fenced while
-    # paused), and its flush then fails with a KafkaException, or, inside a rebalance callback, with a SystemError
-    # around one: a worker died on it in a fault run (paused, fenced on waking, lost its partitions in that poll).
+    # A fenced or fatal producer delivers nothing more. One fenced behind our back (paused) fails the flush: inside a
+    # rebalance callback with a SystemError around the KafkaException, which killed a worker in a fault run.
     with contextlib.suppress(KafkaException, SystemError):
         if not txn.broken:
             txn.producer.flush(txn.timeout_s)
