@@ -22,6 +22,7 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.sinks.kafka.runner import abort_and_rewind
+from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from tests.fakes import (
@@ -191,16 +192,22 @@ def test_at_least_once_commit_flushes_then_commits_offsets_on_the_consumer() -> 
 
 
 # -- renew-after-abort (docs/guarantees.md) ----------------------------------------------------------------------------
+def commit_failed(h: Harness, method: str, error: dict, raises: type[Exception]) -> KafkaTask:
+    """A task that processed offset 0 and whose commit then failed in `method` with `error`, raising `raises`."""
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    h.producers[0].fail(method, kafka_exception(**error))
+    with pytest.raises(raises, match=method):
+        h.commit(task)
+    return task
+
+
 def test_after_an_abort_the_next_transaction_runs_on_a_new_producer_initialised_under_the_same_name() -> None:
     """Without KIP-890 in librdkafka, a request of the aborted transaction still in flight could land in the next
     one (same epoch): p2 committed at 6646 with a changelog that ended at 6499 (a CI fault run)."""
     h = Harness()
-    task = h.task(committed=0)
-    task.process([msg(0)])
+    task = commit_failed(h, "send_offsets_to_transaction", ABORTABLE, TransactionAborted)
     old = h.producers[0]
-    old.fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
-    with pytest.raises(TransactionAborted):
-        h.commit(task)
     abort_and_rewind(task)
     assert len(h.producers) == 2
     new = h.producers[1]
@@ -216,11 +223,7 @@ def test_after_an_abort_the_next_transaction_runs_on_a_new_producer_initialised_
 
 def test_a_renewal_that_cannot_initialise_drops_the_partition() -> None:
     h = Harness()
-    task = h.task(committed=0)
-    task.process([msg(0)])
-    h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**ABORTABLE))
-    with pytest.raises(TransactionAborted):
-        h.commit(task)
+    task = commit_failed(h, "send_offsets_to_transaction", ABORTABLE, TransactionAborted)
     failing = FakeProducer(h.calls, "p")
     failing.fail("init_transactions", kafka_exception(**FENCED))
     task.txn._renew_with = lambda: failing  # type: ignore[assignment,return-value]
@@ -339,11 +342,7 @@ def test_an_injected_abort_from_the_test_hook_raises_transaction_aborted() -> No
 )
 def test_a_fenced_or_fatal_commit_drops_the_partition_without_abort_or_further_commit(error: dict) -> None:
     h = Harness()
-    task = h.task(committed=0)
-    task.process([msg(0)])
-    h.producers[0].fail("commit_transaction", kafka_exception(**error))
-    with pytest.raises(PartitionDropped, match="commit_transaction"):
-        h.commit(task)
+    task = commit_failed(h, "commit_transaction", error, PartitionDropped)
     assert h.calls.count("commit_transaction") == 1
     assert task.committed_offset == 0
     task.drop("fenced")  # what the runner does with PartitionDropped
@@ -478,11 +477,7 @@ def test_close_of_a_dropped_task_does_not_flush_its_broken_producer_and_survives
     """A paused member, fenced on waking, lost its partition in the same poll: the flush of its fatal producer inside
     the rebalance callback raised SystemError (around the KafkaException), and the worker died."""
     h = Harness()
-    task = h.task(committed=0)
-    task.process([msg(0)])
-    h.producers[0].fail("send_offsets_to_transaction", kafka_exception(**FENCED))
-    with pytest.raises(PartitionDropped):
-        h.commit(task)
+    task = commit_failed(h, "send_offsets_to_transaction", FENCED, PartitionDropped)
     task.drop("fenced")
     h.close(task, commit=False)
     assert "flush" not in h.calls.names() and task.phase is Phase.CLOSED
