@@ -4,6 +4,7 @@ offsets, checker) as the super user `admin`, the pipeline processes as `pipeline
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -104,6 +105,20 @@ def secure_run(kafka_secure: SecureBroker, tmp_path: Path) -> Iterator:
 
 def totals_records(n: int, seed: int = 0, poison_every: int = 0) -> list[inputs.ProducedRecord]:
     return list(inputs.running_totals_records(n, partitions=PARTITIONS, seed=seed, poison_every=poison_every))
+
+
+def refused_start(run: FaultRun, bound_s: float, what: str) -> str:
+    """One more instance started, which must exit 2 within bound_s (else killed, and the test fails naming `what`);
+    its log."""
+    instance = run.start(1).instances[-1]
+    try:
+        exit_code = instance.process.wait(bound_s)
+    except subprocess.TimeoutExpired:
+        instance.kill()
+        pytest.fail(f"{what}: still running {bound_s}s after start:\n{instance.log_tail()}")
+    log = instance.log_path.read_text(errors="replace")
+    assert exit_code == 2, log
+    return log
 
 
 def log_text(run: FaultRun) -> str:

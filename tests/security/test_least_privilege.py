@@ -6,7 +6,6 @@ finishes with a clean verdict (nothing lost, nothing twice)."""
 from __future__ import annotations
 
 import random
-import subprocess
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from pipeline.testing.drain import drain_topic
 from pipeline.testing.faults import FaultRun
 from pipeline.testing.harness import committed_offsets
 from tests.faults.conftest import assert_exactly_once
-from tests.security.conftest import PARTITIONS, PIPELINE, names_of, totals_records
+from tests.security.conftest import PARTITIONS, PIPELINE, names_of, refused_start, totals_records
 
 pytestmark = pytest.mark.secure
 
@@ -78,14 +77,7 @@ def named(acl: Acl) -> str:
 
 def assert_start_refused(run: Any, missing: Acl) -> None:
     """One instance started without `missing` exits 2 within FAIL_FAST_S, its error naming the ACL."""
-    instance = run.start(1).instances[-1]
-    try:
-        exit_code = instance.process.wait(FAIL_FAST_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"without {missing.key} still running after {FAIL_FAST_S}s:\n{instance.log_tail()}")
-    log = instance.log_path.read_text(errors="replace")
-    assert exit_code == 2, log
+    log = refused_start(run, FAIL_FAST_S, f"without {missing.key}")
     assert "configuration error: missing Kafka permission" in log, log
     assert named(missing) in log, log
 

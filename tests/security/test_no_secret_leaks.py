@@ -24,7 +24,7 @@ from pipeline import settings as settings_module
 from pipeline.kafka.acls import pipeline_acls, postgres_acls
 from pipeline.testing.harness import Fleet
 from tests.faults.conftest import assert_exactly_once
-from tests.security.conftest import PIPELINE, names_of, service_config, totals_records
+from tests.security.conftest import PIPELINE, names_of, refused_start, service_config, totals_records
 from tests.support import eventually
 
 pytestmark = [pytest.mark.secure, pytest.mark.postgres]
@@ -101,15 +101,7 @@ def test_a_postgres_sink_run_at_debug_shows_no_dsn_password(kafka_secure, secure
 
 
 def failing_start(run) -> str:
-    instance = run.start(1).instances[-1]
-    try:
-        exit_code = instance.process.wait(START_BOUND_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"still running {START_BOUND_S}s after start:\n{instance.log_tail()}")
-    text = instance.log_path.read_text(errors="replace")
-    assert exit_code == 2, text
-    return text
+    return refused_start(run, START_BOUND_S, "a start with a bad secret")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from pipeline import settings as settings_module
 from pipeline.kafka.connect import ConnectionRefused, connect_check
 from pipeline.settings import ConfigError
-from tests.security.conftest import service_config
+from tests.security.conftest import refused_start, service_config
 
 pytestmark = pytest.mark.secure
 START_BOUND_S = 15
@@ -63,16 +63,8 @@ def test_bad_credentials_fail_at_start_naming_the_setting(
     env = {"sink": "postgres", "postgres_dsn": "postgresql://nobody@127.0.0.1:1/none"} if sink == "postgres" else {}
     run = secure_run(service=service_config(kafka_secure, **overrides), **env)
 
-    instance = run.start(1).instances[-1]
     started = time.monotonic()
-    try:
-        exit_code = instance.process.wait(START_BOUND_S)
-    except subprocess.TimeoutExpired:
-        instance.kill()
-        pytest.fail(f"{case}: still running {START_BOUND_S}s after start:\n{instance.log_tail()}")
-    log = instance.log_path.read_text(errors="replace")
-
-    assert exit_code == 2, log
+    log = refused_start(run, START_BOUND_S, case)
     assert f"configuration error: {expected}" in log, log
     assert "Traceback" not in log
     assert time.monotonic() - started < START_BOUND_S
