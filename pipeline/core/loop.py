@@ -183,7 +183,7 @@ class PollLoop:
         responses, the positions are the consumer's own), one position() call for all."""
         positions = {p: self._positions(o) for p, o in owned.items()}
         watched = self.stall.limit_s > 0  # the consumer's positions serve only the watchdog: none when it is off
-        tps = [TopicPartition(t, p) for p, by_topic in positions.items() for t in by_topic if watched]
+        tps = [TopicPartition(t, p) for p, by_topic in positions.items() for t in by_topic] if watched else []
         try:
             fetched = {(tp.topic, tp.partition): tp.offset for tp in self.input.position(tps)} if tps else {}
         except KafkaException as e:  # the look never stops the loop: p's own position stands in this time
