@@ -85,6 +85,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.standby_copies = Gauge(
+            "pipeline_standby_partitions",
+            "Standby copies of other members' partitions kept warm here (STANDBY_REPLICAS)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.processing_errors = Counter(
             "pipeline_processing_errors", "Failed attempts to decode or process a record", ["partition"], registry=r
         )

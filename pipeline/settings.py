@@ -127,6 +127,9 @@ class Settings:
     # Fast failure detection (pipeline/kafka/liveness.py): a peer silent this long is fenced and removed from the group
     # at once, instead of after SESSION_TIMEOUT_MS (and TRANSACTION_TIMEOUT_MS for its open transaction). 0: off.
     failure_detection_ms: int = 0
+    # Warm standbys (pipeline/state/standby.py): copies of this many other members' partitions kept here, following
+    # their changelog, so that a take-over reads only what the copy is behind. 0: none (a take-over restores in full).
+    standby_replicas: int = 0
     # /live answers 503 when the poll loop has not turned for this long. A healthy turn can block for a take-over's
     # fence (3 x REQUEST_TIMEOUT_MS) and its committed offsets (up to TRANSACTION_TIMEOUT_MS + REQUEST_TIMEOUT_MS).
     # 0: that longest healthy turn + 10 s (50 s + 10 s with the defaults).
@@ -264,7 +267,12 @@ def validate(s: Settings) -> None:
 
 
 def _validate_failover(s: Settings) -> None:
-    """The watchdogs: FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22), STALL_WARNING_MS."""
+    """The watchdogs: FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22), STALL_WARNING_MS; STANDBY_REPLICAS."""
+    require(
+        0 <= s.standby_replicas <= 8,
+        f"STANDBY_REPLICAS={s.standby_replicas} must be from 0 (none) to 8: each copy holds another member's whole "
+        "state in memory",
+    )
     require(
         s.stall_warning_ms == 0 or s.stall_warning_ms >= 1_000,
         f"STALL_WARNING_MS={s.stall_warning_ms} must be 0 (off) or at least 1000: the watchdog looks once a second, "

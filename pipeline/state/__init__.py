@@ -7,8 +7,11 @@ snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one
 snapshot_finder.py  finding the newest complete snapshot of a partition, in short steps
 snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark job), and write_snapshot for a
                     running pipeline (SNAPSHOT_ON_SHUTDOWN)
-restore.py          one partition's restore = newest complete snapshot + changelog since (ChangelogRestore)
+changelog_apply.py  the fold of changelog records into a state, shared by restores and standby copies
+restore.py          one partition's restore = newest complete snapshot (or a standby copy) + changelog since
+restore_checks.py   what a restore refuses: a changelog deleted below its snapshot, a checkpoint off the group's offset
 restore_manager.py  every restore of one runner, stepped between polls within one budget (RestoreManager)
+standby.py          warm standby copies of other members' partitions (STANDBY_REPLICAS): placed, warmed, followed
 timed.py            TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
                     travel with the state (changelog, snapshots, restore, compaction)
 versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore

@@ -15,6 +15,9 @@ RestoreError that says what is missing and how to repair it; it never starts fro
 deleted under a running restore (the compaction job's retention) make it start over, a bounded number of times.
 `records` counts changelog records read, `snapshot_entries` the state entries taken from the snapshot.
 
+A promotion starts from a standby copy instead (pipeline/state/standby.py: p's state as of a changelog offset, kept
+warm by another member's changelog reads): only the tail from that offset is read, and verified the same way.
+
 ChangelogRestore restores one partition; pipeline/state/restore_manager.py keeps every restore of one runner.
 """
 
@@ -24,9 +27,10 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.offsets import (
@@ -38,24 +42,31 @@ from pipeline.kafka.offsets import (
 )
 from pipeline.kafka.records import Consumed
 from pipeline.state import PartitionState
-from pipeline.state.changelog import CHECKPOINT_KEY, Checkpoint, is_checkpoint
+from pipeline.state.changelog import Checkpoint
+from pipeline.state.changelog_apply import apply_changelog
+from pipeline.state.restore_checks import RestoreError, truncated, verify_checkpoint
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
 from pipeline.state.snapshot_format import Manifest
 
 if TYPE_CHECKING:
     from pipeline.state.table_restore import TableRestore
 
+__all__ = ["ChangelogRestore", "RestoreError", "RestorePhase", "StandbyCopy"]
 log = logging.getLogger(__name__)
-CHECKPOINT_KEY_STR = CHECKPOINT_KEY.decode()
 PROGRESS_EVERY_S = 2.0
 MAX_RESTARTS = 3
-# Message's own C methods, typed for a changelog record (which always has a key): mapped over a batch, no Python loop.
-_key = cast(Callable[[Consumed], bytes], Message.key)
-_value = cast(Callable[[Consumed], bytes | None], Message.value)
 
 
-class RestoreError(RuntimeError):
-    """p's state cannot be restored completely; the message says what is missing and how to repair it."""
+@dataclass
+class StandbyCopy:
+    """p's state as of changelog offset `position` (every record below it applied), with the full snapshot it was
+    warmed up from and the last checkpoint it read: what a restore of p would hold at that offset."""
+
+    partition: int
+    state: PartitionState
+    position: int
+    snapshot: Manifest | None
+    last_checkpoint: Checkpoint | None
 
 
 class RestorePhase(enum.Enum):
@@ -78,8 +89,11 @@ class ChangelogRestore:
         request_timeout_s: float,
         strict: bool = True,
         snapshot_topic: str | None = None,
+        base: StandbyCopy | None = None,
+        verify: bool = True,
     ) -> None:
         self.strict = strict  # at-least-once writes the checkpoint before committing offsets: it may run ahead
+        self.verify = verify  # False for a standby's warm-up: nobody's committed offset to match yet
         self.topic = changelog_topic
         self.snapshot_topic = snapshot_topic
         self.partition = partition
@@ -107,6 +121,8 @@ class ChangelogRestore:
         # The changelog tail is fetched by a second consumer while the snapshot's chunks load (prefetch).
         self._tail_consumer: Consumer | None = None
         self._tail_reader: TailReader | None = None
+        self._base = base  # a standby copy of p to start from (pipeline/state/standby.py); used once
+        self.standby_keys: int | None = None  # keys taken from a standby copy
         # Metadata of both topics up front: a topic first met at assign() waits for librdkafka's next (backed-off)
         # metadata refresh, up to a second, before its first fetch.
         for topic in (changelog_topic, snapshot_topic):
@@ -122,12 +138,44 @@ class ChangelogRestore:
         self._scan: ManifestScan | None = None
         self._load: ChunkLoad | None = None
         self._reader: TailReader | None = None
+        base, self._base = self._base, None  # a restore started again starts from nothing
+        if base is not None and self._from_copy(base):
+            return
         if self.snapshot_topic is not None:
             low, end = snapshot_bounds(self._admin, self.snapshot_topic, [p], timeout)[p]
             self._scan = ManifestScan(self._checked, self.snapshot_topic, p, low, end, self._skip_unreadable)
             self.phase = RestorePhase.SCAN
         else:
             self._start_tail(None)
+
+    def _from_copy(self, copy: StandbyCopy) -> bool:
+        """Promotion: p's standby copy (state, snapshot and checkpoint as of changelog offset copy.position) is the
+        base, and the tail is read from there. Only if that offset is still in the changelog; the checkpoint is
+        checked at the end as for any restore (docs/guarantees.md: standby-copies)."""
+        p = self.partition
+        if not self.changelog_start <= copy.position <= self.end:
+            log.warning(
+                "p%d: the standby copy stands at changelog offset %d, outside %d..%d (deleted or recreated?); "
+                "restoring from the snapshot instead",
+                p,
+                copy.position,
+                self.changelog_start,
+                self.end,
+            )
+            self.state.load((key, None) for key in list(self.state))
+            return False
+        self.snapshot, self.last_checkpoint, self.standby_keys = copy.snapshot, copy.last_checkpoint, len(self.state)
+        log.info(
+            "p%d: from the standby copy (%d keys, changelog < %d); changelog tail %d..%d",
+            p,
+            self.standby_keys,
+            copy.position,
+            copy.position,
+            self.end,
+        )
+        self._reader = TailReader(self._checked, self.topic, {p: copy.position}, {p: self.end})
+        self.phase = RestorePhase.TAIL
+        return True
 
     def _restart(self, why: str) -> None:
         self.restarts += 1
@@ -171,8 +219,21 @@ class ChangelogRestore:
                     f"restore of p{self.partition} timed out in phase {self.phase.value}: {self._stuck()}"
                 )
             return False
-        self._verify_checkpoint()
+        if self.verify:
+            try:
+                self._verify_checkpoint()
+            except RestoreError as e:
+                if self.standby_keys is None:
+                    raise
+                self._discard_copy(str(e))  # a wrong copy is not a wrong changelog: the full restore decides
+                return False
         return True
+
+    def _discard_copy(self, why: str) -> None:
+        log.error("p%d: the standby copy does not match (%s); restoring from the snapshot instead", self.partition, why)
+        self.standby_keys = None
+        self.restarts -= 1  # not records deleted under the restore: this start over is not counted against those
+        self._restart("the standby copy was discarded")
 
     def _step_scan(self, budget_s: float) -> None:
         scan = self._scan
@@ -283,22 +344,7 @@ class ChangelogRestore:
         )
 
     def _refuse_truncated(self, manifest: Manifest | None) -> None:
-        topic, p, low = self.topic, self.partition, self.changelog_start
-        skipped = f" Snapshots found unusable: {'; '.join(self.skipped)}." if self.skipped else ""
-        if manifest is None:
-            raise RestoreError(
-                f"{topic}[{p}] starts at offset {low}, not 0: changes were deleted (retention?) and there is no "
-                f"usable full snapshot to start from.{skipped} Repair: publish a full snapshot that covers at least "
-                f"changelog offset {low} (run `snapshots compact` while the changelog is complete), or restore the "
-                "changelog's retention.ms=-1 and rebuild the state by reprocessing the input into a new app id."
-            )
-        raise RestoreError(
-            f"{topic}[{p}] starts at offset {low}, but the newest usable full snapshot {manifest.snapshot_id} "
-            f"(generation {manifest.generation}) covers the changelog only below {manifest.changelog_offset}: the "
-            f"changes in between were deleted.{skipped} Repair: keep the changelog's retention.ms=-1 (only the "
-            "compaction job deletes from it, and only below the previous generation) and rebuild the state by "
-            "reprocessing the input into a new app id; if a newer snapshot was damaged, recreate it from a backup."
-        )
+        raise truncated(self.topic, self.partition, self.changelog_start, manifest, self.skipped)
 
     # -- the changelog tail ----------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -330,32 +376,18 @@ class ChangelogRestore:
     def summary(self) -> str:
         """For the log line of a finished restore."""
         source = self.snapshot.snapshot_id if self.snapshot else "no snapshot"
+        if self.standby_keys is not None:
+            source = f"a standby copy of {self.standby_keys} keys"
         return (
             f"p{self.partition} restored: {len(self.state)} keys from {self.snapshot_entries} snapshot entries "
             f"({source}) and {self.records} changelog records in {self.seconds:.2f}s"
         )
 
     def _apply(self, messages: list[Consumed]) -> None:
-        if not messages:
-            return
-        keys = list(map(_key, messages))
-        marks = _positions(keys, CHECKPOINT_KEY)
-        if all(is_checkpoint(CHECKPOINT_KEY, messages[i].headers()) for i in marks):
-            # The usual batch: C-level loops only. Last write per key wins, as in the changelog's order.
-            batch = dict(zip(map(bytes.decode, keys), map(_value, messages), strict=True))
-            if marks:
-                del batch[CHECKPOINT_KEY_STR]
-                self.last_checkpoint = Checkpoint.decode(messages[marks[-1]].value())
-            self.state.load(batch)
-        else:  # a state key spelled like the checkpoint key: sort them out record by record
-            entries: list[tuple[str, bytes | None]] = []
-            for m in messages:
-                if is_checkpoint(m.key(), m.headers()):
-                    self.last_checkpoint = Checkpoint.decode(m.value())
-                else:
-                    entries.append((_key(m).decode(), m.value()))
-            self.state.load(entries)
-        self.records += len(messages)
+        if messages:
+            if (checkpoint := apply_changelog(self.state, messages)) is not None:
+                self.last_checkpoint = checkpoint
+            self.records += len(messages)
 
     def _progress(self) -> None:
         if time.monotonic() <= self._next_progress:
@@ -397,45 +429,4 @@ class ChangelogRestore:
         return f"{self.topic}: {self._reader.stuck() if self._reader is not None else 'no read pending'}"
 
     def _verify_checkpoint(self) -> None:
-        if self.last_checkpoint is not None:
-            covered, source = self._covered_by(self.last_checkpoint), "the changelog's last checkpoint"
-        elif self.snapshot is not None:
-            snapshot, expected = self.snapshot, self.committed_offset
-            if isinstance(expected, Mapping):
-                covered = {topic: (snapshot.input_offsets or {}).get(topic) for topic in expected}
-            else:
-                covered = snapshot.input_offset
-            source = f"the snapshot {snapshot.snapshot_id}"
-        else:
-            covered, source = None, "the changelog's last checkpoint"
-        expected = dict(self.committed_offset) if isinstance(self.committed_offset, Mapping) else self.committed_offset
-        if isinstance(expected, dict) and covered is None:  # nothing committed yet: every input at its start
-            covered = {topic: None for topic in expected}
-        if covered != expected and not self.strict:
-            log.warning(
-                "p%d: checkpoint %s != committed offset %s: records in between are applied again (at-least-once)",
-                self.partition,
-                covered,
-                expected,
-            )
-        elif covered != expected:
-            raise RestoreError(
-                f"p{self.partition}: {source} covers input offset {covered} but the group's "
-                f"committed offset is {expected}. They are written in one transaction, so one of them "
-                "was lost (expired group offsets? a deleted or wrong changelog topic?). Repair: reset the group's "
-                f"offset of p{self.partition} to {covered} if the changelog is right, or start a new app id."
-            )
-
-    def _covered_by(self, checkpoint: Checkpoint) -> int | dict[str, int | None] | None:
-        if isinstance(self.committed_offset, Mapping):  # several inputs: every topic's offset
-            return {topic: checkpoint.covers().get(topic) for topic in self.committed_offset}
-        return checkpoint.next_input_offset
-
-
-def _positions(items: list[bytes], value: bytes) -> list[int]:
-    """Indexes of `value` in `items`, found by list.index (C) rather than a Python loop over every item."""
-    found, i = [], -1
-    for _ in range(items.count(value)):
-        i = items.index(value, i + 1)
-        found.append(i)
-    return found
+        verify_checkpoint(self.partition, self.last_checkpoint, self.snapshot, self.committed_offset, self.strict)

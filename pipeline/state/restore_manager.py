@@ -17,7 +17,7 @@ from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.serde import Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
-from pipeline.state.restore import ChangelogRestore, RestoreError
+from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 from pipeline.state.table_restore import TableRestore
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class RestoreManager:
         self._table_specs = dict(tables or {})  # co-partitioned tables: restored from their own topics
         self._tables: dict[int, TableRestore] = {}
         self._changelog_done: set[int] = set()
+        self._copies: dict[int, StandbyCopy] = {}  # standby copies to start from, used by the first try only
 
     @property
     def busy(self) -> bool:
@@ -60,10 +61,19 @@ class RestoreManager:
     def running(self) -> dict[int, ChangelogRestore]:
         return dict(self._running)
 
-    def start(self, p: int, committed_offset: int | Mapping[str, int | None] | None) -> None:
-        """Starts restoring p's state, which must come out covering the group's committed offset of p."""
+    def start(
+        self, p: int, committed_offset: int | Mapping[str, int | None] | None, copy: StandbyCopy | None = None
+    ) -> None:
+        """Starts restoring p's state, which must come out covering the group's committed offset of p; from p's
+        standby copy if there is one (pipeline/state/standby.py)."""
         self._committed[p] = committed_offset
+        if copy is not None:
+            self._copies[p] = copy
         self._open(p)
+
+    def warm_up(self, p: int) -> ChangelogRestore:
+        """A standby copy's first restore: the same steps, no committed offset to match (pipeline/state/standby.py)."""
+        return self._restore(p, PartitionState(self._state_serde), None, verify=False)
 
     def step(self) -> list[ChangelogRestore]:
         """Works on every restore for about RESTORE_STEP_MS in all (docs/guarantees.md: restore-keeps-membership);
@@ -137,26 +147,39 @@ class RestoreManager:
         if (tables := self._tables.pop(p, None)) is not None:
             tables.close()
         self._changelog_done.discard(p)
-        for table in (self._committed, self._retry_at, self._failing_since):
+        for table in (self._committed, self._retry_at, self._failing_since, self._copies):
             table.pop(p, None)
 
     def _open(self, p: int) -> None:
-        state = PartitionState(self._state_serde)  # a restore started again starts from nothing again
+        copy = self._copies.pop(p, None)
+        state = copy.state if copy is not None else PartitionState(self._state_serde)  # else: from nothing again
         try:
-            self._running[p] = ChangelogRestore(
-                self._make_consumer,
-                self._admin,
-                self._changelog_topic,
-                p,
-                state,
-                self._committed[p],
-                self._timeout_s,
-                self._request_timeout_s,
-                strict=self._strict,
-                snapshot_topic=self._snapshot_topic,
-            )
+            self._running[p] = self._restore(p, state, self._committed[p], copy=copy)
         except EndOffsetsTimeout as e:
             self._later(p, e)
+
+    def _restore(
+        self,
+        p: int,
+        state: PartitionState,
+        committed: int | Mapping[str, int | None] | None,
+        copy: StandbyCopy | None = None,
+        verify: bool = True,
+    ) -> ChangelogRestore:
+        return ChangelogRestore(
+            self._make_consumer,
+            self._admin,
+            self._changelog_topic,
+            p,
+            state,
+            committed,
+            self._timeout_s,
+            self._request_timeout_s,
+            strict=self._strict,
+            snapshot_topic=self._snapshot_topic,
+            base=copy,
+            verify=verify,
+        )
 
     def _later(self, p: int, error: Exception) -> None:
         """Broker trouble (leaders moving, a broker down) is not a missing state: retry, within RESTORE_TIMEOUT_MS."""

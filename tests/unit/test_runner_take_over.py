@@ -16,7 +16,7 @@ from tests.harness import kafka_runner
 
 def runner_for(app: App, consumer: FakeConsumer) -> KafkaRunner:
     runner = kafka_runner(app, consumer, lambda _: NullProducer(), app_id="take-over")
-    runner.restores.start = lambda p, committed_offset: None  # the restore itself is not under test
+    runner.restores.start = lambda p, committed_offset, copy=None: None  # the restore itself is not under test
     return runner
 
 

@@ -53,7 +53,7 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
-from pipeline.state.global_tables import GlobalTables, PendingTargets
+from pipeline.state.global_tables import PendingTargets
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
@@ -222,12 +222,6 @@ class KafkaRunner(TakeOver, PollLoop):
             self._process_txn = self._new_transaction(self._process_txn_id)
         return self._process_txn
 
-    def _global_tables(self) -> GlobalTables:
-        s = self.settings
-        make_consumer = lambda: Consumer(restore_consumer_config(s, f"{self.app_id}.global"))  # noqa: E731
-        timeouts = (s.request_timeout_ms / 1000, s.restore_timeout_ms / 1000)
-        return GlobalTables(self.app.global_table_specs, make_consumer, self.admin, self.metrics, *timeouts)
-
     def _new_task(self, p: int) -> KafkaTask:
         task_type = MultiInputTask if self.app.multi_input else KafkaTask
         return task_type(self.ctx, p, self._transaction_for(p))
@@ -256,10 +250,11 @@ class KafkaRunner(TakeOver, PollLoop):
         # Beating from here on, before the slow steps (global tables, the fence, joining): a restarted static member's
         # peers hear its new incarnation before the old one's silence reaches the bound, and leave its place to it.
         self.liveness = takeover.start_liveness(self.settings, self.app_id, self._process_txn_id)
-        self.on_join = self.liveness.joined if self.liveness is not None else self.on_join
+        self.on_join = self._joined
         if self.global_tables is not None:  # before joining the group: before any task processes
             self.global_tables.restore()
         self.consumer = Consumer(consumer_config(self.settings, self.app_id))
+        self.standbys = self._standbys()
         self._ctx = KafkaTaskContext(
             self.app,
             self.settings,
@@ -301,15 +296,16 @@ class KafkaRunner(TakeOver, PollLoop):
             self.input.close()
         if self.liveness is not None:  # after leaving: its last heartbeat says it stopped cleanly
             self.liveness.stop()
-        if self.global_tables is not None:
-            self.global_tables.close()
+        for reader in (self.global_tables, self.standbys):
+            if reader is not None:
+                reader.close()
         self._commit_pool.shutdown()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
     def _loop_once(self) -> None:
         holding = self.app.timed and any(t.holding for t in self.tasks.values())  # timers walk them every turn anyway
-        busy = self.restores.busy or bool(self._seeking()) or holding or bool(self._awaiting_globals)
+        busy = self._restoring() or bool(self._seeking()) or holding
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
         if self.global_tables is not None:  # before the records: what they read is at least as new as what they see
             self.global_tables.poll()

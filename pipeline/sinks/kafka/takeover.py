@@ -17,7 +17,7 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
-from pipeline.kafka.clients import client_config
+from pipeline.kafka.clients import client_config, restore_consumer_config
 from pipeline.kafka.errors import kafka_error
 from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
@@ -31,6 +31,7 @@ from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state.global_tables import GlobalTables, PendingTargets
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
+from pipeline.state.standby import Standbys
 
 log = logging.getLogger(__name__)
 # While the transaction or group coordinator moves (a broker restarting): asked again this often.
@@ -157,7 +158,9 @@ class TakeOver:
     app: App
     settings: Settings
     metrics: Metrics
+    app_id: str
     input_topic: str
+    changelog_topic: str
     topics: tuple[str, ...]
     tasks: dict[int, KafkaTask]
     restores: RestoreManager
@@ -167,6 +170,9 @@ class TakeOver:
     _deleted_before_start: dict[int, tuple[str, str]]  # p -> (topic, detail): input deleted below its position
     _dropped_at: dict[int, float]
     _process_txn: Transaction | None
+    standbys: Standbys | None = None  # STANDBY_REPLICAS: open() makes them
+    _member_id = ""  # the group's, after every (re)join
+    liveness: Liveness | None
 
     if TYPE_CHECKING:  # the runner's, used here
 
@@ -184,6 +190,40 @@ class TakeOver:
         def _resume(self, p: int) -> None: ...
 
         def _resume_assigned(self, partitions: list[int]) -> None: ...
+
+    def _joined(self, member_id: str) -> None:
+        """After every (re)join, on the consumer's thread: the heartbeat and the standby placement name this member."""
+        self._member_id = member_id
+        if self.liveness is not None:
+            self.liveness.joined(member_id)
+
+    def _global_tables(self) -> GlobalTables:
+        s = self.settings
+        make_consumer = lambda: Consumer(restore_consumer_config(s, f"{self.app_id}.global"))  # noqa: E731
+        timeouts = (s.request_timeout_ms / 1000, s.restore_timeout_ms / 1000)
+        return GlobalTables(self.app.global_table_specs, make_consumer, self.admin, self.metrics, *timeouts)
+
+    def _standbys(self) -> Standbys | None:
+        """STANDBY_REPLICAS > 0: the standby copies this process keeps of others' partitions (state/standby.py)."""
+        s = self.settings
+        if s.standby_replicas <= 0:
+            return None
+        if not self.app.stateful:
+            log.warning("STANDBY_REPLICAS=%d is ignored: %s keeps no state", s.standby_replicas, self.app.name)
+            return None
+        # Followed partitions sit at their changelog's end: a fetch waits up to 200 ms there, not the restore's 10.
+        config = {**restore_consumer_config(s, f"{self.app_id}.standby"), "fetch.wait.max.ms": 200}
+        return Standbys(
+            s.standby_replicas,
+            self.app_id,
+            self.input_topic,
+            self.changelog_topic,
+            self.restores.warm_up,
+            lambda: Consumer(config),
+            AdminClient(client_config(s)),
+            lambda: self._member_id,
+            s.request_timeout_ms / 1000,
+        )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._take_over([tp.partition for tp in partitions], reassign=False)
@@ -224,7 +264,8 @@ class TakeOver:
             return
         self._pause(p)
         if self.app.stateful:
-            self.restores.start(p, committed if self.app.multi_input else committed[self.input_topic])
+            copy = self.standbys.take(p) if self.standbys is not None else None
+            self.restores.start(p, committed if self.app.multi_input else committed[self.input_topic], copy)
         if targets is not None:
             self._awaiting_globals[p] = (targets, None)
 
@@ -236,7 +277,15 @@ class TakeOver:
         """p -> topic -> the group's committed offset of every topic task p reads."""
         return committed_offsets(self.input, self.topics, partitions, self.settings)
 
+    def _restoring(self) -> bool:
+        """A restore, a standby's warm-up or a wait for the global tables is under way: the loop turns fast."""
+        warming = self.standbys is not None and self.standbys.busy
+        return self.restores.busy or warming or bool(self._awaiting_globals)
+
     def _advance_restores(self) -> None:
+        if self.standbys is not None:  # after the restores of owned partitions, with a quarter of their budget
+            self.standbys.step(self.tasks.keys(), self.settings.restore_step_ms / 4000)
+            self.metrics.standby_copies.set(len(self.standbys.copies))
         for finished in self.restores.step():
             if finished.partition in self._awaiting_globals:
                 targets, _ = self._awaiting_globals[finished.partition]

@@ -1,0 +1,94 @@
+"""Standby copies without a broker (pipeline/state/standby.py): where copies are placed, how a followed batch moves
+a copy (state, position, checkpoint), that records deleted under a copy drop it, and STANDBY_REPLICAS' bounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message
+
+from pipeline.serde import JSON
+from pipeline.settings import ConfigError, Settings
+from pipeline.state import PartitionState
+from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.restore import StandbyCopy
+from pipeline.state.standby import Standbys, standby_partitions
+from tests.fakes import kafka_message
+
+OWNERS = {"a": [0, 1], "b": [2, 3], "c": [4, 5]}
+
+
+def test_each_member_copies_the_partitions_of_the_k_members_before_it() -> None:
+    assert standby_partitions(OWNERS, "b", 1) == {0, 1}
+    assert standby_partitions(OWNERS, "a", 1) == {4, 5}  # a ring: the first copies the last
+    assert standby_partitions(OWNERS, "a", 2) == {2, 3, 4, 5}
+    assert standby_partitions({"a": [0, 1], "b": [2]}, "b", 1) == {0, 1}
+
+
+def test_never_more_copies_than_other_members_never_its_own_and_none_when_not_found() -> None:
+    assert standby_partitions(OWNERS, "a", 5) == {2, 3, 4, 5}
+    assert standby_partitions({"a": [0, 1, 2]}, "a", 1) == set()
+    assert standby_partitions(OWNERS, "stranger", 1) == set()
+    assert standby_partitions(OWNERS, "a", 0) == set()
+
+
+def test_every_copy_of_a_partition_sits_on_a_different_member() -> None:
+    owners = {f"m{i}": [2 * i, 2 * i + 1] for i in range(5)}
+    for k in (1, 2, 4):
+        placed = [p for me in owners for p in standby_partitions(owners, me, k)]
+        assert sorted(placed) == sorted(p for p in range(10) for _ in range(k))
+
+
+class _NullConsumer:
+    def incremental_assign(self, partitions: Any) -> None: ...
+
+    def incremental_unassign(self, partitions: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _standbys() -> Standbys:
+    standbys = Standbys(1, "g", "in", "cl", None, _NullConsumer, None, lambda: "", 1)  # type: ignore[arg-type]
+    standbys._follower = _NullConsumer()  # type: ignore[assignment]
+    standbys.copies[0] = StandbyCopy(0, PartitionState(JSON), 10, None, None)
+    return standbys
+
+
+def _change(offset: int, key: str, value: bytes | None, partition: int = 0) -> Message:
+    return kafka_message(offset, key.encode(), value, partition=partition, topic="cl")
+
+
+def _checkpoint(offset: int, next_input: int) -> Message:
+    value = Checkpoint("in", 0, next_input).encode()
+    return kafka_message(offset, CHECKPOINT_KEY, value, topic="cl", headers=[CHECKPOINT_HEADER])
+
+
+def test_a_followed_batch_moves_the_copy_its_state_position_and_checkpoint() -> None:
+    standbys = _standbys()
+    standbys._apply([_change(10, "x", b"1"), _change(11, "y", b"2"), _checkpoint(12, 500), _change(14, "x", None)])
+    copy = standbys.copies[0]
+    assert dict(copy.state._data) == {"y": b"2"} and copy.position == 15
+    assert copy.last_checkpoint == Checkpoint("in", 0, 500)
+    standbys._apply([_change(9, "z", b"old"), _change(15, "z", b"3"), _change(16, "w", b"4", partition=7)])
+    assert dict(copy.state._data) == {"y": b"2", "z": b"3"} and copy.position == 16  # p7 is no copy here
+
+
+def test_records_deleted_under_a_copy_drop_it() -> None:
+    standbys = _standbys()
+    error = Message(topic="cl", partition=0, error=KafkaError(KafkaError.OFFSET_OUT_OF_RANGE))
+    standbys._apply([error])
+    assert standbys.copies == {}
+
+
+def test_a_promotion_takes_the_copy_out_of_the_followed_ones() -> None:
+    standbys = _standbys()
+    copy = standbys.copies[0]
+    assert standbys.take(0) is copy and standbys.copies == {} and standbys.take(0) is None
+
+
+def test_standby_replicas_must_be_from_0_to_8() -> None:
+    assert Settings(standby_replicas=2).standby_replicas == 2
+    for bad in (-1, 9):
+        with pytest.raises(ConfigError, match="STANDBY_REPLICAS"):
+            Settings(standby_replicas=bad)
