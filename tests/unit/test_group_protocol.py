@@ -57,3 +57,12 @@ def test_both_producers_linger_5_ms() -> None:
     # pipeline/kafka/clients.py and BENCHMARKS.md).
     s = load(env={})
     assert producer_config(s, None)["linger.ms"] == producer_config(s, "app.in.0")["linger.ms"] == 5
+
+
+def test_with_fast_failure_detection_the_heartbeat_hears_of_a_removal_within_a_quarter_of_the_bound() -> None:
+    """A member removed by the detector starts a rebalance the others learn of at their next heartbeat."""
+    quick = load(env={"PIPELINE_FAILURE_DETECTION_MS": "1000"})
+    assert consumer_config(quick, "group")["heartbeat.interval.ms"] == 250
+    slow = load(env={"PIPELINE_FAILURE_DETECTION_MS": "8000", "PIPELINE_SESSION_TIMEOUT_MS": "30000"})
+    assert consumer_config(slow, "group")["heartbeat.interval.ms"] == 1000  # never longer than HEARTBEAT_INTERVAL_MS
+    assert consumer_config(load(env={}), "group")["heartbeat.interval.ms"] == 1000

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from pipeline.kafka.liveness import Beat, Liveness, Peers, kafka_python_config
 from pipeline.settings import ConfigError, Settings
+from tests.support import eventually
 
 BOUND_S = 1.0
 
@@ -158,3 +161,29 @@ def test_the_runner_tells_the_heartbeat_its_member_id() -> None:
     assert liveness.beat.member_id == ""
     liveness.joined("m-1")
     assert liveness.beat == Beat(incarnation, "m-1", "host-w0")
+
+
+def test_a_silent_member_is_removed_without_waiting_for_its_fence() -> None:
+    """The removal starts the rebalance; the fence (~0.5 s when it must abort an open transaction) runs beside it on
+    a thread of its own, so neither the removal nor this process's own beats wait for it."""
+    events: list[str] = []
+    fence_may_end = threading.Event()
+
+    def fence(transactional_id: str) -> None:
+        events.append(f"fence {transactional_id} started")
+        fence_may_end.wait(5)
+        events.append("fence done")
+
+    liveness = Liveness(
+        Settings(failure_detection_ms=1000),
+        {"bootstrap.servers": "127.0.0.1:1"},  # nothing is sent: the thread is not started
+        "app",
+        "app-liveness",
+        remove=lambda beat: events.append(f"removed {beat.member_id}") or "NoError",
+        fence=fence,
+    )
+    liveness._act(Beat("x", "m-1", transactional_id="app.p"))
+    assert "removed m-1" in events and "fence done" not in events
+    fence_may_end.set()
+    eventually(lambda: "fence done" in events, timeout_s=5, interval_s=0.01)
+    assert "fence app.p started" in events and liveness.removed == [Beat("x", "m-1", transactional_id="app.p")]

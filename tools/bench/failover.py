@@ -323,13 +323,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--after", type=float, default=25.0, help="seconds of load after the kill (default 25)")
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout the members import pipeline from")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the members (repeatable)")
+    parser.add_argument("--log-dir", type=Path, help="keep the members' logs here (default: a temporary directory)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
-    with tempfile.TemporaryDirectory(prefix="failover-bench-") as log_dir:
+    with tempfile.TemporaryDirectory(prefix="failover-bench-") as temporary:
+        log_dir = args.log_dir or temporary
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
         timing = (args.rate, args.warmup, args.after)
         bench = Bench(args.bootstrap_servers, args.app, args.tree.resolve(), env, *timing, Path(log_dir))
         runs: list[Run] = []
