@@ -77,6 +77,7 @@ class Standbys:
         self.copies: dict[int, StandbyCopy] = {}  # warm, followed
         self.warming: dict[int, ChangelogRestore] = {}
         self.wanted: set[int] = set()  # placed here by the last answer
+        self._owned_by_members: set[int] = set()  # owned by some member, per the last answer
         self._asked: Future[Any] | None = None
         self._next_ask = 0.0
         self._follower: Consumer | None = None
@@ -117,7 +118,7 @@ class Standbys:
         if self._asked is not None and self._asked.done():
             asked, self._asked = self._asked, None
             try:
-                self.wanted = self._placed_here(asked.result())
+                self.wanted, self._owned_by_members = self._placed_here(asked.result())
             except KafkaException as e:  # the coordinator moving: ask again next time
                 log.info("standby placement: the group's assignment not readable (%s); asking again", e)
         if self._asked is None and now >= self._next_ask:
@@ -125,21 +126,27 @@ class Standbys:
             self._asked = self._admin.describe_consumer_groups([self._group], request_timeout=self._request_timeout_s)[
                 self._group
             ]
-        wanted = self.wanted - set(owned)
-        for p in [p for p in (*self.copies, *self.warming) if p not in wanted]:
+        for p in [p for p in (*self.copies, *self.warming) if self._placed_elsewhere(p, owned)]:
             log.info("p%d: standby copy dropped (no longer placed here)", p)
             self._drop(p)
-        for p in sorted(wanted - self.copies.keys() - self.warming.keys()):
+        for p in sorted(self.wanted - set(owned) - self.copies.keys() - self.warming.keys()):
             self._start_warm_up(p)
 
-    def _placed_here(self, description: Any) -> set[int]:
+    def _placed_elsewhere(self, p: int, owned: Collection[int]) -> bool:
+        """p is ours now, or another member owns it and its copies belong to others. A partition nobody owns (its
+        owner just died, the group is rebalancing) keeps its copy: that is when the copy is needed."""
+        return p in owned or (p in self._owned_by_members and p not in self.wanted)
+
+    def _placed_here(self, description: Any) -> tuple[set[int], set[int]]:
+        """(the partitions placed here, every partition some member owns) per the group's answer."""
         me, owners = "", {}
         for member in description.members:
             name = member.group_instance_id or member.member_id
             owners[name] = [tp.partition for tp in member.assignment.topic_partitions if tp.topic == self._input_topic]
             if member.member_id == self._member_id():
                 me = name
-        return standby_partitions(owners, me, self.replicas)
+        owned = {p for partitions in owners.values() for p in partitions}
+        return standby_partitions(owners, me, self.replicas), owned
 
     # -- warm-up and follow ------------------------------------------------------------------------------------------
     def _start_warm_up(self, p: int) -> None:

@@ -92,3 +92,45 @@ def test_standby_replicas_must_be_from_0_to_8() -> None:
     for bad in (-1, 9):
         with pytest.raises(ConfigError, match="STANDBY_REPLICAS"):
             Settings(standby_replicas=bad)
+
+
+class _Answer:
+    """describe_consumer_groups' future and description, for one answer."""
+
+    def __init__(self, members: dict[str, list[int]]) -> None:
+        tp = type("TP", (), {})
+        self.members = []
+        for name, partitions in members.items():
+            assignment = type("A", (), {"topic_partitions": [_tp(tp, "in", p) for p in partitions]})
+            self.members.append(type("M", (), {"member_id": name, "group_instance_id": None, "assignment": assignment}))
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> _Answer:
+        return self
+
+
+def _tp(kind: type, topic: str, partition: int) -> Any:
+    made = kind()
+    made.topic, made.partition = topic, partition
+    return made
+
+
+def test_a_copy_whose_owner_just_died_is_kept_through_the_rebalance_and_dropped_once_placed_elsewhere() -> None:
+    """Asked mid-rebalance, the group shows the dead member gone and its partitions owned by nobody: exactly when the
+    copy is needed (a run dropped both copies there and restored 1 M keys in full). Once another member owns p and
+    the copy belongs elsewhere, it goes."""
+    standbys = _standbys()
+    standbys._member_id = lambda: "b"
+    standbys._warm_up = lambda p: _NullConsumer()  # type: ignore[assignment,return-value]  # p1 warms up, never done
+    standbys._next_ask = float("inf")  # no new question: the answers below are handed in
+    standbys._asked = _Answer({"a": [0, 1], "b": [2, 3]})  # type: ignore[assignment]
+    standbys._place(owned=[2, 3])
+    assert standbys.wanted == {0, 1} and 0 in standbys.copies and 1 in standbys.warming
+    standbys._asked = _Answer({"b": [2, 3]})  # type: ignore[assignment]  # a died: 0 and 1 owned by nobody
+    standbys._place(owned=[2, 3])
+    assert standbys.wanted == set() and 0 in standbys.copies and 1 in standbys.warming
+    standbys._asked = _Answer({"a": [2, 3], "b": [], "c": [0, 1]})  # type: ignore[assignment]  # c's: a copies them
+    standbys._place(owned=[])
+    assert standbys.wanted == {2, 3} and not standbys.copies.keys() & {0, 1} and not standbys.warming.keys() & {0, 1}
