@@ -31,6 +31,7 @@ SECOND_LANE=(tests/image tests/infra/test_airflow_dag.py)
     PIPELINE_PRODUCERS=$other_producers "${PYTEST[@]}" -q -m "not cluster" tests/faults \
         --basetemp="$(mktemp -d)" && \
     PIPELINE_GROUP_PROTOCOL=consumer "${PYTEST[@]}" -q tests/faults/test_process_faults.py \
+        tests/faults/test_standby_promotion.py \
         --basetemp="$(mktemp -d)" && \
     "${PYTEST[@]}" -q "${SECOND_LANE[@]}" --basetemp="$(mktemp -d)"
 ) >"$MATRIX_LOG" 2>&1 &
