@@ -7,7 +7,9 @@ that every one is needed and that together they are enough.
 
 No cluster-level ACL appears: since Kafka 3.0 IDEMPOTENT_WRITE is implied by WRITE on a topic, and a transactional
 producer is authorized by its transactional id. READ and WRITE on a topic imply DESCRIBE. The restore consumer's
-group (`<app_id>.restore`) needs no ACL: it assigns partitions itself and never asks its coordinator anything.
+group (`<app_id>.restore`) and the standby follower's (`<app_id>.standby`) need no ACL: they assign partitions
+themselves and never ask their coordinator anything. The standby placement's DescribeGroups on the App's group is
+covered by READ on it (READ implies DESCRIBE).
 """
 
 from __future__ import annotations
