@@ -186,6 +186,7 @@ class ChangelogRestore:
             )
         log.warning("p%d: %s; restarting the restore", self.partition, why)
         self.records = self.snapshot_entries = 0
+        self.standby_keys = None  # started over from the snapshot, never from the copy again
         self.snapshot = None
         self.last_checkpoint = None
         self.state.load((key, None) for key in list(self.state))

@@ -38,6 +38,9 @@ from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 log = logging.getLogger(__name__)
 PLACE_EVERY_S = 2.0  # how often the group's assignment is asked for (a rebalance moves copies within this)
 FOLLOW_BATCH = 10_000  # changelog records read per consume
+# Copies warming up at once: each holds two consumers while it runs, and at start-up every copy is placed at once
+# (at 384 partitions, 192 of them).
+MAX_WARMING = 8
 _TRUNCATED = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 
 
@@ -119,8 +122,8 @@ class Standbys:
             asked, self._asked = self._asked, None
             try:
                 self.wanted, self._owned_by_members = self._placed_here(asked.result())
-            except KafkaException as e:  # the coordinator moving: ask again next time
-                log.info("standby placement: the group's assignment not readable (%s); asking again", e)
+            except Exception as e:  # the coordinator moving, most often: ask again next time, never stop the loop
+                log.warning("standby placement: the group's assignment not readable (%s); asking again", e)
         if self._asked is None and now >= self._next_ask:
             self._next_ask = now + PLACE_EVERY_S
             self._asked = self._admin.describe_consumer_groups([self._group], request_timeout=self._request_timeout_s)[
@@ -130,6 +133,8 @@ class Standbys:
             log.info("p%d: standby copy dropped (no longer placed here)", p)
             self._drop(p)
         for p in sorted(self.wanted - set(owned) - self.copies.keys() - self.warming.keys()):
+            if len(self.warming) >= MAX_WARMING:
+                break
             self._start_warm_up(p)
 
     def _placed_elsewhere(self, p: int, owned: Collection[int]) -> bool:

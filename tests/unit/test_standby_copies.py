@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Message
 
+import pipeline.state.standby as standby_module
 from pipeline.serde import JSON
 from pipeline.settings import ConfigError, Settings
 from pipeline.state import PartitionState
@@ -134,3 +135,14 @@ def test_a_copy_whose_owner_just_died_is_kept_through_the_rebalance_and_dropped_
     standbys._asked = _Answer({"a": [2, 3], "b": [], "c": [0, 1]})  # type: ignore[assignment]  # c's: a copies them
     standbys._place(owned=[])
     assert standbys.wanted == {2, 3} and not standbys.copies.keys() & {0, 1} and not standbys.warming.keys() & {0, 1}
+
+
+def test_at_most_a_few_copies_warm_up_at_once() -> None:
+    """Each warm-up holds two consumers: at start-up every copy is placed at once (192 at 384 partitions)."""
+    standbys = _standbys()
+    standbys._member_id = lambda: "b"
+    standbys._warm_up = lambda p: _NullConsumer()  # type: ignore[assignment,return-value]
+    standbys._next_ask = float("inf")
+    standbys._asked = _Answer({"a": list(range(100, 140)), "b": []})  # type: ignore[assignment]
+    standbys._place(owned=[])
+    assert len(standbys.warming) == standby_module.MAX_WARMING < len(standbys.wanted)
