@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from pipeline.kafka.liveness import Beat, Liveness, Peers, kafka_python_config
+from pipeline.kafka.kafka_python import kafka_python_config
+from pipeline.kafka.liveness import Beat, Liveness, Peers
 from pipeline.settings import ConfigError, Settings
 from tests.support import eventually
 

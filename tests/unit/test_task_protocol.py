@@ -21,9 +21,10 @@ from pipeline.app import App, Output
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.settings import Settings
 from pipeline.sinks.kafka.runner import abort_and_rewind
 from pipeline.sinks.kafka.task import KafkaTask
-from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted, transactional_id
+from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from tests.fakes import (
     ABORTABLE,
@@ -524,3 +525,22 @@ def test_a_fatal_error_from_produce_drops_the_partition(step: str) -> None:
             h.commit(task)
         else:
             task.process([msg(0)])
+
+
+def test_the_quick_fence_goes_before_init_transactions_on_every_fence_and_renewal() -> None:
+    """pipeline/kafka/kafka_python.py: it only helps if it comes first (librdkafka's init is the fence that counts)."""
+    calls: list[str] = []
+    producers = iter([_RecordingProducer(calls, "first"), _RecordingProducer(calls, "renewed")])
+    renew, quick = (lambda: next(producers)), (lambda: calls.append("quick"))
+    txn = Transaction(next(producers), Settings(), "process", renew_with=renew, quick_fence=quick)  # type: ignore[arg-type]
+    txn.fence()
+    txn.renew()
+    assert calls == ["quick", "first init", "quick", "renewed init"]
+
+
+class _RecordingProducer:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append(f"{self.name} init")

@@ -38,6 +38,7 @@ from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLo
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
+from pipeline.kafka.kafka_python import quick_fence
 from pipeline.kafka.liveness import Liveness
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka import takeover
@@ -229,7 +230,9 @@ class KafkaRunner(TakeOver, PollLoop):
     def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
         make = partial(self._make_producer, txn_id if self.settings.exactly_once else None)
         observe = self.metrics.commit_latency.observe
-        return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, renew_with=make)
+        # One producer per process: its fences wait on what a dead process left open (not per partition: 384 at once)
+        quick = partial(quick_fence, self.settings, txn_id) if self.settings.producers == PER_PROCESS else None
+        return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, make, quick)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:

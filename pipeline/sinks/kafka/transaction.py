@@ -77,9 +77,11 @@ class Transaction:
         abort_hook: Callable[[int], bool] | None = None,
         observe_commit: Callable[[float], None] | None = None,
         renew_with: Callable[[], Producer] | None = None,
+        quick_fence: Callable[[], None] | None = None,
     ) -> None:
         self.producer = producer
         self._renew_with = renew_with  # makes a producer under the same transactional.id (`renew`)
+        self._quick_fence = quick_fence  # pipeline/kafka/quick_fence.py: before init_transactions, when given
         self.name = name  # for log lines: "p3" or the process's transactional.id
         self.participants: list[Participant] = []
         self.broken = False  # fenced or fatal: this producer never commits again
@@ -99,6 +101,8 @@ class Transaction:
     def fence(self) -> None:
         """init_transactions, once per producer (docs/guarantees.md: fence-first)."""
         if self.transactional and not self._fenced:
+            if self._quick_fence is not None:
+                self._quick_fence()
             self.producer.init_transactions(self.timeout_s)
             self._fenced = True
 
