@@ -162,7 +162,7 @@ class ChangelogRestore:
                 self.changelog_start,
                 self.end,
             )
-            self.state.load((key, None) for key in list(self.state))
+            self._clear_state()
             return False
         self.snapshot, self.last_checkpoint, self.standby_keys = copy.snapshot, copy.last_checkpoint, len(self.state)
         log.info(
@@ -178,6 +178,7 @@ class ChangelogRestore:
         return True
 
     def _restart(self, why: str) -> None:
+        """Records were deleted under the restore: start over, a bounded number of times."""
         self.restarts += 1
         if self.restarts > MAX_RESTARTS:
             raise RestoreError(
@@ -185,13 +186,20 @@ class ChangelogRestore:
                 f"after {MAX_RESTARTS} restarts. Is a compaction job deleting too eagerly?"
             )
         log.warning("p%d: %s; restarting the restore", self.partition, why)
+        self._start_over()
+
+    def _start_over(self) -> None:
+        """From nothing, from the snapshot (never from the standby copy again)."""
         self.records = self.snapshot_entries = 0
-        self.standby_keys = None  # started over from the snapshot, never from the copy again
+        self.standby_keys = None
         self.snapshot = None
         self.last_checkpoint = None
-        self.state.load((key, None) for key in list(self.state))
+        self._clear_state()
         self._drop_prefetch()
         self._begin()
+
+    def _clear_state(self) -> None:
+        self.state.load((key, None) for key in list(self.state))
 
     # -- the steps -----------------------------------------------------------------------------------------------
     @property
@@ -231,10 +239,9 @@ class ChangelogRestore:
         return True
 
     def _discard_copy(self, why: str) -> None:
+        """Not records deleted under the restore: a start over that is not counted against MAX_RESTARTS."""
         log.error("p%d: the standby copy does not match (%s); restoring from the snapshot instead", self.partition, why)
-        self.standby_keys = None
-        self.restarts -= 1  # not records deleted under the restore: this start over is not counted against those
-        self._restart("the standby copy was discarded")
+        self._start_over()
 
     def _step_scan(self, budget_s: float) -> None:
         scan = self._scan

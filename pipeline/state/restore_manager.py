@@ -52,7 +52,6 @@ class RestoreManager:
         self._table_specs = dict(tables or {})  # co-partitioned tables: restored from their own topics
         self._tables: dict[int, TableRestore] = {}
         self._changelog_done: set[int] = set()
-        self._copies: dict[int, StandbyCopy] = {}  # standby copies to start from, used by the first try only
 
     @property
     def busy(self) -> bool:
@@ -67,9 +66,7 @@ class RestoreManager:
         """Starts restoring p's state, which must come out covering the group's committed offset of p; from p's
         standby copy if there is one (pipeline/state/standby.py)."""
         self._committed[p] = committed_offset
-        if copy is not None:
-            self._copies[p] = copy
-        self._open(p)
+        self._open(p, copy)
 
     def warm_up(self, p: int) -> ChangelogRestore:
         """A standby copy's first restore: the same steps, no committed offset to match (pipeline/state/standby.py)."""
@@ -147,12 +144,12 @@ class RestoreManager:
         if (tables := self._tables.pop(p, None)) is not None:
             tables.close()
         self._changelog_done.discard(p)
-        for table in (self._committed, self._retry_at, self._failing_since, self._copies):
+        for table in (self._committed, self._retry_at, self._failing_since):
             table.pop(p, None)
 
-    def _open(self, p: int) -> None:
-        copy = self._copies.pop(p, None)
-        state = copy.state if copy is not None else PartitionState(self._state_serde)  # else: from nothing again
+    def _open(self, p: int, copy: StandbyCopy | None = None) -> None:
+        """The first try may start from p's standby copy; a try after broker trouble starts from nothing again."""
+        state = copy.state if copy is not None else PartitionState(self._state_serde)
         try:
             self._running[p] = self._restore(p, state, self._committed[p], copy=copy)
         except EndOffsetsTimeout as e:
