@@ -73,10 +73,12 @@ class Standbys:
         admin: AdminClient,
         member_id: Callable[[], str],
         request_timeout_s: float,
+        on_count: Callable[[int], None] = lambda copies: None,
     ) -> None:
         self.replicas, self._group, self._input_topic, self._topic = replicas, group, input_topic, changelog_topic
         self._warm_up, self._make_consumer, self._admin, self._member_id = warm_up, make_consumer, admin, member_id
         self._request_timeout_s = request_timeout_s
+        self._on_count = on_count  # told the number of warm copies whenever it changes (the gauge)
         self.copies: dict[int, StandbyCopy] = {}  # warm, followed
         self.warming: dict[int, ChangelogRestore] = {}
         self.wanted: set[int] = set()  # placed here by the last answer
@@ -173,6 +175,7 @@ class Standbys:
         del self.warming[p]
         restore.close()
         self.copies[p] = StandbyCopy(p, restore.state, restore.end, restore.snapshot, restore.last_checkpoint)
+        self._on_count(len(self.copies))
         log.info("p%d: standby copy warm (%d keys, changelog offset %d)", p, len(restore.state), restore.end)
         self._follower_consumer().incremental_assign([TopicPartition(self._topic, p, restore.end)])
 
@@ -213,5 +216,7 @@ class Standbys:
     def _drop(self, p: int) -> None:
         if (restore := self.warming.pop(p, None)) is not None:
             restore.close()
-        if self.copies.pop(p, None) is not None and self._follower is not None:
-            self._follower.incremental_unassign([TopicPartition(self._topic, p)])
+        if self.copies.pop(p, None) is not None:
+            self._on_count(len(self.copies))
+            if self._follower is not None:
+                self._follower.incremental_unassign([TopicPartition(self._topic, p)])

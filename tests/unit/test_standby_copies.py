@@ -77,9 +77,11 @@ def test_a_followed_batch_moves_the_copy_its_state_position_and_checkpoint() -> 
 
 def test_records_deleted_under_a_copy_drop_it() -> None:
     standbys = _standbys()
+    counts: list[int] = []
+    standbys._on_count = counts.append  # the gauge: told when the number of warm copies changes, not every turn
     error = Message(topic="cl", partition=0, error=KafkaError(KafkaError.OFFSET_OUT_OF_RANGE))
     standbys._apply([error])
-    assert standbys.copies == {}
+    assert standbys.copies == {} and counts == [0]
 
 
 def test_a_promotion_takes_the_copy_out_of_the_followed_ones() -> None:

@@ -223,6 +223,7 @@ class TakeOver:
             AdminClient(client_config(s)),
             lambda: self._member_id,
             s.request_timeout_ms / 1000,
+            self.metrics.standby_copies.set,
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -285,7 +286,6 @@ class TakeOver:
     def _advance_restores(self) -> None:
         if self.standbys is not None:  # after the restores of owned partitions, with a quarter of their budget
             self.standbys.step(self.tasks.keys(), self.settings.restore_step_ms / 4000)
-            self.metrics.standby_copies.set(len(self.standbys.copies))
         for finished in self.restores.step():
             if finished.partition in self._awaiting_globals:
                 targets, _ = self._awaiting_globals[finished.partition]
