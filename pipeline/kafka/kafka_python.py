@@ -41,8 +41,8 @@ KAFKA_PYTHON_CONFIG = {
 
 
 def kafka_python_config(settings: Settings) -> dict[str, Any]:
-    """The kafka-python admin's configuration; ConfigError naming FAILURE_DETECTION_MS for a security property it
-    cannot be given (it would fail to connect, and detection would be silently off)."""
+    """The kafka-python clients' configuration; ConfigError naming FAILURE_DETECTION_MS for a security property it
+    cannot be given (it would fail to connect, and detection would be silently off; the quick fence only skips)."""
     config: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers.split(",")}
     for name, value in settings.kafka.items():
         if name in KAFKA_PYTHON_CONFIG:

@@ -282,7 +282,7 @@ class Liveness:
 
     def _fence_producer(self, transactional_id: str) -> None:
         """init_transactions under the silent process's transactional.id aborts what it left open (first through
-        kafka-python, which does it in ~50 ms where librdkafka takes 0.5 s: pipeline/kafka/quick_fence.py)."""
+        kafka-python, which does it in ~50 ms where librdkafka takes 0.5 s: pipeline/kafka/kafka_python.py)."""
         quick_fence(self._settings, transactional_id)
         producer = Producer({**self._config, "transactional.id": transactional_id})
         producer.init_transactions(self._settings.request_timeout_ms / 1000)

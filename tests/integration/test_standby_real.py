@@ -8,7 +8,7 @@ import logging
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import pipeline.state.standby as standby_module
@@ -44,8 +44,6 @@ def _restored(manager: RestoreManager, committed: int | None, copy: StandbyCopy 
 
 
 def _committed(bootstrap: str, app_id: str, topic: str) -> int:
-    from confluent_kafka import TopicPartition
-
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": app_id, "isolation.level": "read_committed"})
     try:
         return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset

@@ -81,7 +81,7 @@ class Transaction:
     ) -> None:
         self.producer = producer
         self._renew_with = renew_with  # makes a producer under the same transactional.id (`renew`)
-        self._quick_fence = quick_fence  # pipeline/kafka/quick_fence.py: before init_transactions, when given
+        self._quick_fence = quick_fence  # pipeline/kafka/kafka_python.py: before init_transactions, when given
         self.name = name  # for log lines: "p3" or the process's transactional.id
         self.participants: list[Participant] = []
         self.broken = False  # fenced or fatal: this producer never commits again
