@@ -82,6 +82,9 @@ class Instance:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    # (wall-clock time, signal name) of every signal sent: which instance a fault hit, and when (to tell a fast
+    # failure detector's removal of a paused or killed instance from a false positive: pipeline/testing/detections.py)
+    signals: list[tuple[float, str]] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -89,6 +92,7 @@ class Instance:
 
     def signal(self, sig: signal.Signals) -> None:
         if self.alive:
+            self.signals.append((time.time(), sig.name))
             self.process.send_signal(sig)
 
     def kill(self) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from pipeline.app import App
-from pipeline.testing import faults
+from pipeline.testing import detections, faults
 from pipeline.testing.harness import Fleet, Instance
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -248,6 +248,9 @@ class SoakResult:
     seconds: float
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float]
+    # the fast failure detector's removals, each with its cause (a false positive does not fail the soak: it costs
+    # a rebalance, not exactly once; counting them is how the bound is judged under load)
+    removals: list[detections.Judged] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -303,12 +306,15 @@ def run_soak(
             outcome = run.finish(timeout_s=600)
         except Exception as e:  # e.g. a drain that did not reach the end in time
             outcome, fault_errors = None, [*fault_errors, f"the checker could not run: {e!r}"]
+        removed = detections.removals((i.name, i.log_path) for i in fleet.instances)
+        judged = [detections.judge(removal, fleet.instances) for removal in removed]
     finally:
         if sampler is not None:
             sampler.stop()
         run.abandon()
     growths, problems = growth_verdict(series, rule)
-    return SoakResult(outcome, growths, fault_errors + problems, struck, len(records), seconds, load_before, load_after)
+    figures = (len(records), seconds, load_before, load_after)
+    return SoakResult(outcome, growths, fault_errors + problems, struck, *figures, removals=judged)
 
 
 def write_samples(series: dict[str, Series], path: Path) -> None:
@@ -337,6 +343,7 @@ def report(result: SoakResult) -> str:
         f"{sum(result.faults.values())} faults ({faults}); load average "
         f"{' '.join(f'{x:.2f}' for x in result.load_before)} -> {' '.join(f'{x:.2f}' for x in result.load_after)}",
         checked,
+        detections.summary(result.removals),
         f"{'instance':<12} {'lived':>6} {'judged':>6} {'RSS MiB first/base/recent/last':>31} "
         f"{'fds first/base/recent/last':>27}",
     ]

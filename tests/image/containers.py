@@ -42,15 +42,18 @@ class ContainerInstance(Instance):
 
     def signal(self, sig: signal.Signals) -> None:
         if self.alive:
+            self.signals.append((time.time(), sig.name))
             podman("kill", "--signal", sig.name, self.container, check=False)
 
     def pause(self) -> None:
         if self.alive:
+            self.signals.append((time.time(), "SIGSTOP"))
             podman("pause", self.container)
             self.paused = True
 
     def resume(self) -> None:
         if self.paused:
+            self.signals.append((time.time(), "SIGCONT"))
             podman("unpause", self.container, check=False)
             self.paused = False
 
