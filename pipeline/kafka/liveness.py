@@ -265,7 +265,10 @@ class Liveness:
         try:
             answer = self._remove(beat)
             self.removed.append(beat)
-            log.warning("member %s removed from group %s: %s", beat.member_id, self._group, answer)
+            if answer == "UnknownMemberIdError":  # every peer that saw the silence acts; the first one removed it
+                log.info("member %s already gone from group %s (removed by another peer)", beat.member_id, self._group)
+            else:
+                log.warning("member %s removed from group %s: %s", beat.member_id, self._group, answer)
         except Exception as e:
             log.error("could not remove member %s from group %s: %s", beat.member_id, self._group, e)
 
