@@ -16,6 +16,7 @@ between 10 % and 90 % of the records.
     python -m tools.bench.latency --trees before=/tmp/before,after=.   # the same cells, code trees alternating
     python -m tools.bench.latency --max-rate eos@100=60000         # skip measuring the maximum of a cell
     python -m tools.bench.latency --only eos@100 --producers per_partition,per_process   # both PRODUCERS, alternating
+    python -m tools.bench.latency --only eos@100 --variant off= --variant on=PIPELINE_FAILURE_DETECTION_MS=500
 
 A code tree is a checkout whose `pipeline` package the pipeline process imports (PYTHONPATH): compare two commits
 with `git worktree add /tmp/before <commit>`. Results: BENCHMARKS.md.
@@ -58,6 +59,7 @@ STAMP = struct.Struct(">d")  # wall-clock seconds at produce(), at the start of 
 GUARANTEES = {"eos": "exactly_once", "alo": "at_least_once"}
 READY_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 20.0
+Variant = tuple[str, Mapping[str, str]]  # a name, and the environment it adds to the pipeline process
 MAX_RECORDS = 600_000  # produced as fast as possible to measure the maximum throughput
 
 
@@ -82,7 +84,7 @@ class Result:
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and at the end
     error: str = ""
     metric: str = "-"  # the pipeline's own pipeline_end_to_end_latency_seconds{record="first"} in the window
-    producers: str = ""  # PRODUCERS of the pipeline process ("": its default)
+    variant: str = ""  # the name of the settings the pipeline process ran with (--producers, --variant; "": none)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies_ms:
@@ -317,10 +319,17 @@ class Bench:
                 reader.close()
 
     def latency(
-        self, tree: Path, tree_name: str, cell: Cell, rate: int, seconds: float, warmup_s: float, producers: str = ""
+        self,
+        tree: Path,
+        tree_name: str,
+        cell: Cell,
+        rate: int,
+        seconds: float,
+        warmup_s: float,
+        variant: Variant = ("", {}),
     ) -> Result:
-        result = Result(tree_name, cell, rate, load=(os.getloadavg()[0], 0.0), producers=producers)
-        env = {**self.extra_env, "PIPELINE_PRODUCERS": producers} if producers else self.extra_env
+        result = Result(tree_name, cell, rate, load=(os.getloadavg()[0], 0.0), variant=variant[0])
+        env = {**self.extra_env, **variant[1]}
         with self.topics(tree_name, cell) as (app_id, in_topic, out_topic):
             reader = Reader(self.bootstrap, out_topic)
             pipeline = Pipeline.start(tree, self.bootstrap, app_id, (in_topic, out_topic), cell, env, self.log_dir)
@@ -438,6 +447,16 @@ def parse_trees(spec: str) -> dict[str, Path]:
     return trees
 
 
+def parse_variants(producers: str, specs: Sequence[str]) -> list[Variant]:
+    """--producers a,b and --variant NAME=SETTING=VALUE[;SETTING=VALUE] as (name, environment) pairs; none: one
+    variant with nothing changed."""
+    variants: list[Variant] = [(p, {"PIPELINE_PRODUCERS": p}) for p in map(str.strip, producers.split(",")) if p]
+    for spec in specs:
+        name, _, settings = spec.partition("=")
+        variants.append((name, dict(item.split("=", 1) for item in settings.split(";") if item)))
+    return variants or [("", {})]
+
+
 def parse_rates(spec: Sequence[str]) -> dict[str, float]:
     rates = {}
     for item in spec:
@@ -455,7 +474,7 @@ def run(
     warmup_s: float,
     repeat: int,
     floor: bool,
-    producers: Sequence[str] = ("",),
+    variants: Sequence[Variant] = (("", {}),),
 ) -> list[Result]:
     """The maximum of a cell is measured with the last tree and the pipeline's default PRODUCERS; every tree and
     PRODUCERS value then runs at the same rate."""
@@ -472,8 +491,8 @@ def run(
         rate = int(max_rates[cell.key] * cell.load_percent / 100)
         for _ in range(repeat):
             for name, tree in trees.items():  # alternating, so that a burst of load elsewhere hits every tree alike
-                for mode in producers:
-                    result = bench.latency(tree, name, cell, rate, seconds, warmup_s, mode)
+                for variant in variants:
+                    result = bench.latency(tree, name, cell, rate, seconds, warmup_s, variant)
                     print(row(result), file=sys.stderr, flush=True)
                     results.append(result)
             if floor:
@@ -488,7 +507,7 @@ def _ms(value: float | None) -> str:
 
 def row(r: Result) -> str:
     c = r.cell
-    code = f"{r.tree} ({r.producers})" if r.producers else r.tree
+    code = f"{r.tree} ({r.variant})" if r.variant else r.tree
     return (
         f"| {code} | {GUARANTEES[c.guarantee]} | {c.interval_ms} ms | {c.load_percent} % ({r.rate:,}/s) "
         f"| {len(r.latencies_ms):,} | {_ms(r.percentile(0.5))} | {_ms(r.percentile(0.99))} "
@@ -549,6 +568,14 @@ def _parser() -> argparse.ArgumentParser:
         "alternating per cell like the trees, e.g. per_partition,per_process (default: its default)",
     )
     parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=SETTING=VALUE[;SETTING=VALUE]",
+        help="settings of the pipeline to compare, alternating per cell like the trees (repeatable; NAME= alone: "
+        "nothing changed), e.g. --variant off= --variant standby=PIPELINE_STANDBY_REPLICAS=1",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="after each cell, the producer and reader alone (no "
@@ -568,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="latency-") as log_dir:
         bench = Bench(args.bootstrap_servers, Path(log_dir), extra_env)
-        producers = [p.strip() for p in args.producers.split(",") if p.strip()] or [""]
+        variants = parse_variants(args.producers, args.variant)
         results = run(
             bench,
             parse_trees(args.trees),
@@ -578,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup,
             max(1, args.repeat),
             args.floor,
-            producers,
+            variants,
         )
     print(table(results, max_rates))
     print(f"\n(bench took {time.monotonic() - started:.0f}s)", file=sys.stderr)
