@@ -63,6 +63,9 @@ class Run:
     over_1s: int = 0
     lost: int = 0
     before_s: float = 0.0  # the worst latency before the kill
+    # latency percentiles of the steady state: the second half of the warm-up (both members running; with
+    # STANDBY_REPLICAS, each following the other's changelog), to compare settings with a long --warmup
+    steady_ms: tuple[float, float] = (0.0, 0.0)  # p50, p99
     error: str = ""
 
 
@@ -250,6 +253,8 @@ class Bench:
         producer = context.Process(target=produce, args=args, daemon=True)
         producer.start()
         kill_at, killed_at = time.time() + self.warmup_s, 0.0
+        steady_from = kill_at - self.warmup_s / 2
+        steady: list[float] = []
         before: list[float] = []
         after: list[float] = []
         total, deadline = None, float("inf")
@@ -260,6 +265,8 @@ class Bench:
             for received, stamp in reader.read(0.05):
                 if stamp > 0:
                     (after if killed_at and received >= killed_at else before).append(received - stamp)
+                    if steady_from <= stamp and not killed_at:
+                        steady.append(received - stamp)
             if total is None and not done.empty():
                 total = done.get()
                 deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -267,6 +274,9 @@ class Bench:
         result.outage_s = max(after, default=0.0)
         result.over_1s = sum(1 for latency in after if latency > 1.0)
         result.before_s = max(before, default=0.0)
+        if len(steady) >= 2:
+            cuts = statistics.quantiles(steady, n=100)
+            result.steady_ms = (cuts[49] * 1000, cuts[98] * 1000)
         result.lost = (total or 0) - len(before) - len(after)
 
 
@@ -340,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
             for keys in (int(k) for k in args.keys.split(",")):
                 for case in args.cases.split(","):
                     runs.append(run := bench.run(case, keys))
+                    steady = "/".join(f"{ms:.1f}" for ms in run.steady_ms)
                     print(
                         f"{case} keys={keys}: outage {run.outage_s:.2f} s, >1s {run.over_1s}, lost {run.lost}, before "
-                        f"{run.before_s:.2f} s, load {run.load[0]:.1f}-{run.load[1]:.1f} {run.error[:2000]}",
+                        f"{run.before_s:.2f} s, steady p50/p99 {steady} ms, load {run.load[0]:.1f}-{run.load[1]:.1f} "
+                        f"{run.error[:2000]}",
                         flush=True,
                     )
         print(f"\n{args.app}, {args.rate:.0f} rec/s, env {env or '-'}, tree {args.tree}")
