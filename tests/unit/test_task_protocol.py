@@ -22,6 +22,7 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
+from pipeline.sinks.kafka import takeover
 from pipeline.sinks.kafka.runner import abort_and_rewind
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
@@ -544,3 +545,23 @@ class _RecordingProducer:
 
     def init_transactions(self, timeout: float) -> None:
         self.calls.append(f"{self.name} init")
+
+
+def test_a_take_over_of_a_few_ids_gets_the_quick_fence_and_a_start_with_many_does_not() -> None:
+    """Per partition, a crashed peer's few partitions are fenced quickly; 384 kafka-python clients at once would cost
+    more than they save (pipeline/sinks/kafka/takeover.py: QUICK_FENCE_AT_MOST)."""
+
+    def txns(count: int, calls: list[str]) -> list[Transaction]:
+        def made(i: int) -> Transaction:
+            producer = types.SimpleNamespace(init_transactions=lambda timeout: calls.append(f"init {i}"))
+            quick = lambda: calls.append(f"quick {i}")  # noqa: E731
+            return Transaction(producer, Settings(), f"p{i}", quick_fence=quick)  # type: ignore[arg-type]
+
+        return [made(i) for i in range(count)]
+
+    few: list[str] = []
+    takeover.fence(txns(takeover.QUICK_FENCE_AT_MOST, few), Settings())
+    assert all(few.index(f"quick {i}") < few.index(f"init {i}") for i in range(takeover.QUICK_FENCE_AT_MOST))
+    many: list[str] = []
+    takeover.fence(txns(takeover.QUICK_FENCE_AT_MOST + 1, many), Settings())
+    assert not [call for call in many if call.startswith("quick")] and len(many) == takeover.QUICK_FENCE_AT_MOST + 1

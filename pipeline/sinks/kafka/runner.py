@@ -230,8 +230,7 @@ class KafkaRunner(TakeOver, PollLoop):
     def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
         make = partial(self._make_producer, txn_id if self.settings.exactly_once else None)
         observe = self.metrics.commit_latency.observe
-        # One producer per process: its fences wait on what a dead process left open (not per partition: 384 at once)
-        quick = partial(quick_fence, self.settings, txn_id) if self.settings.producers == PER_PROCESS else None
+        quick = partial(quick_fence, self.settings, txn_id)  # not when many are fenced at once (takeover.fence)
         return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, make, quick)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------

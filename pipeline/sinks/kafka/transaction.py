@@ -98,10 +98,11 @@ class Transaction:
     def open(self) -> bool:
         return bool(self.participants)
 
-    def fence(self) -> None:
-        """init_transactions, once per producer (docs/guarantees.md: fence-first)."""
+    def fence(self, quick: bool = True) -> None:
+        """init_transactions, once per producer (docs/guarantees.md: fence-first); the quick fence first unless
+        `quick` is False (a take-over of many partitions at once: pipeline/sinks/kafka/takeover.py)."""
         if self.transactional and not self._fenced:
-            if self._quick_fence is not None:
+            if self._quick_fence is not None and quick:
                 self._quick_fence()
             self.producer.init_transactions(self.timeout_s)
             self._fenced = True
