@@ -89,7 +89,10 @@ class Peers:
     bound_s: float
     last_heard: dict[str, float] = field(default_factory=dict)  # incarnation -> when its last beat arrived
     beats: dict[str, Beat] = field(default_factory=dict)
-    judged: set[str] = field(default_factory=set)  # incarnations acted on (once each)
+    # (incarnation, member id) acted on, once each. Not the incarnation alone: a process removed while paused comes
+    # back and rejoins under a new member id, and its next silence must count too (a soak found a paused process's
+    # second pause left to the session time-out, 8 s instead of 0.5 s).
+    judged: set[tuple[str, str]] = field(default_factory=set)
     last_turn: float | None = None
 
     def heard(self, beat: Beat, now: float) -> None:
@@ -110,13 +113,15 @@ class Peers:
         dead = []
         for incarnation, heard_at in self.last_heard.items():
             beat = self.beats[incarnation]
-            if incarnation == self.me or incarnation in self.judged or beat.stopping or not beat.member_id:
+            if incarnation == self.me or beat.stopping or not beat.member_id:
+                continue
+            if (incarnation, beat.member_id) in self.judged:
                 continue
             successor = newest.get(beat.instance_id, incarnation)
             if successor != incarnation and self._replaced_by(successor, incarnation, now):
                 continue
             if now - heard_at > self.bound_s:
-                self.judged.add(incarnation)
+                self.judged.add((incarnation, beat.member_id))
                 dead.append(beat)
         return dead
 
@@ -130,7 +135,7 @@ class Peers:
         the old one is judged as any silent peer."""
         new = self.beats[successor]
         if new.member_id:
-            self.judged.add(incarnation)
+            self.judged.add((incarnation, self.beats[incarnation].member_id))
             return True
         return not new.stopping and now - self.last_heard[successor] <= max(self.bound_s, new.starting_ms / 1000)
 

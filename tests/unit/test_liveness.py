@@ -31,6 +31,20 @@ def test_a_peer_silent_past_the_bound_is_judged_once_with_its_names() -> None:
     assert peers.silent(1.5) == []  # acted on once
 
 
+def test_a_peer_removed_once_is_judged_again_after_it_rejoined() -> None:
+    """Paused, removed, resumed: it rejoins under a new member id, and its next silence is acted on too. Not before
+    it rejoined: its old member id is gone from the group already."""
+    me, peer, rejoined = Beat("me", "m-1"), Beat("b", "m-2"), Beat("b", "m-3")
+    peers = Peers("me", BOUND_S)
+    judged: list[tuple[float, str]] = []
+    for step in range(25):  # the peer beats at 0-0.5 s, 2-2.5 s as before, 4-4.5 s rejoined; silent in between
+        t = step * 0.25
+        beat = peer if t <= 0.5 or 2.0 <= t <= 2.5 else rejoined if 4.0 <= t <= 4.5 else None
+        heard_all(peers, [me, beat] if beat else [me], t)
+        judged += [(t, b.member_id) for b in peers.silent(t)]
+    assert judged == [(1.75, "m-2"), (5.75, "m-3")]  # not at 3.75: m-2 was removed already
+
+
 def test_nobody_is_judged_while_this_process_does_not_hear_itself() -> None:
     peers = Peers("me", BOUND_S)
     heard_all(peers, [Beat("me", "m-1"), Beat("b", "m-2")], 0.0)
@@ -73,7 +87,7 @@ def test_a_static_member_back_under_a_new_incarnation_is_left_to_it() -> None:
     for t in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0):
         heard_all(peers, [me, starting if t < 2.0 else joined], t)
         assert peers.silent(t) == [], t
-    assert "old" in peers.judged  # done with: not judged again once the new one falls silent
+    assert ("old", "m-2") in peers.judged  # done with: not judged again once the new one falls silent
     dead = []
     for t in (3.25, 3.5, 3.75, 4.0, 4.25, 4.5):
         peers.heard(me, t)
