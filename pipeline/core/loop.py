@@ -113,6 +113,9 @@ class PollLoop:
             while not self._stop.is_set():
                 self._turned_at = time.monotonic()
                 self._loop_once()
+        except Exception:  # the command prints one line; the log keeps where it came from
+            log.critical("the poll loop stopped on an error it does not handle", exc_info=True)
+            raise
         finally:
             self.loop_watch.stop()
             self._shutdown()
@@ -311,7 +314,12 @@ class PollLoop:
         self.metrics.lost.inc(len(partitions))
         for tp in partitions:
             self._close_partition(tp.partition, commit=self.commit_on_lost)
+        self._after_lost()
         self.metrics.assigned.set(self._owned())
+
+    def _after_lost(self) -> None:
+        """What a sink does once its membership expired, beyond closing the partitions (the Kafka runner's: a new
+        per-process producer)."""
 
     # -- taking partitions over ---------------------------------------------------------------------------------------
     def _resume_assigned(self, partitions: list[int]) -> None:

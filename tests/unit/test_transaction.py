@@ -175,3 +175,27 @@ def test_a_partition_lost_mid_transaction_aborts_it_and_the_others_run_on_a_new_
     p1.process([msg(0)])
     h.commit(p1)
     assert p1.committed_offset == 1 and h.producers[1].records
+
+
+def test_after_a_lost_membership_the_next_take_over_runs_on_a_new_initialised_producer() -> None:
+    """A peer's failure detector removed this process while it was paused and fenced its producer beside the removal;
+    nothing was open, so nothing failed here. Rejoined, the process must not take partitions over on that producer
+    (fence() would take it for fenced already, and its first transaction failed fatally: a soak's instance exited)."""
+    calls = Calls()
+    made: list[FakeProducer] = []
+    consumer = FakeConsumer(committed_offset=10)
+
+    def make(txn_id: str | None) -> FakeProducer:
+        made.append(FakeProducer(calls, txn_id))
+        return made[-1]
+
+    runner = kafka_runner(copier, consumer, make, app_id="unit", producers="per_process")
+    partitions = [TopicPartition(copier.input_topic, p) for p in (0, 1)]
+    runner._on_assign(consumer, partitions)
+    runner._on_lost(consumer, partitions)  # nothing open: no abort, no error
+    calls.clear()
+    runner._on_assign(consumer, partitions[:1])
+    assert len(made) == 2 and made[1].transactional_id == made[0].transactional_id
+    assert calls.names()[0] == "init_transactions"  # before the committed offsets and the restore (fence-first)
+    runner._dispatch([kafka_message(10, partition=0)])
+    assert runner.tasks[0].producer is made[1]

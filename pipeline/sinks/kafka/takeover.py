@@ -196,6 +196,15 @@ class TakeOver:
 
         def _resume_assigned(self, partitions: list[int]) -> None: ...
 
+    def _after_lost(self) -> None:
+        """Membership expired: a pause past the session time-out, or a peer's failure detector removed this process,
+        and fenced its per-process producer beside the removal. Nothing may have failed on that producer yet, and
+        fence() takes an initialised producer for fenced already, so the next take-over would run on a stale epoch.
+        It goes to a new producer, initialised before the restore (docs/guarantees.md: fence-first). A soak found
+        the old one kept: a paused process rejoined, restored, and its first transaction failed fatally."""
+        if self._process_txn is not None:
+            self._process_txn.broken = True
+
     def _joined(self, member_id: str) -> None:
         """After every (re)join, on the consumer's thread: the heartbeat and the standby placement name this member."""
         self._member_id = member_id
