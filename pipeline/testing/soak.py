@@ -299,6 +299,7 @@ def run_soak(
         fleet = run.start(profile.instances)
         sampler = Sampler(fleet, profile.sample_every_s).start()
         struck, fault_errors = strike(fleet, profile, random.Random(f"{seed}-soak"), started)
+        fault_errors += exited_by_themselves(fleet.instances)
         series = sampler.stop()  # before the fleet stops: its shutdown is not part of the soak
         load_after, seconds = os.getloadavg(), time.monotonic() - started
         write_samples(series, log_dir / run.app_id / "soak-samples.csv")
@@ -315,6 +316,16 @@ def run_soak(
     growths, problems = growth_verdict(series, rule)
     figures = (len(records), seconds, load_before, load_after)
     return SoakResult(outcome, growths, fault_errors + problems, struck, *figures, removals=judged)
+
+
+def exited_by_themselves(instances: Sequence[Instance]) -> list[str]:
+    """Instances that are gone without a SIGKILL or SIGTERM from the harness: a crash, which the checker alone would
+    not see when the others took its partitions over (a soak's process exited on a fenced producer, verdict OK)."""
+    return [
+        f"{i.name} exited by itself (code {i.process.returncode}): {i.log_tail(1)}"
+        for i in instances
+        if not i.alive and not any(name in ("SIGKILL", "SIGTERM") for _, name in i.signals)
+    ]
 
 
 def write_samples(series: dict[str, Series], path: Path) -> None:

@@ -17,6 +17,7 @@ from pipeline.testing.soak import (
     Sampler,
     Series,
     SoakResult,
+    exited_by_themselves,
     growth_verdict,
     judge,
     read_process,
@@ -110,6 +111,22 @@ def test_the_sampler_keeps_one_series_per_instance_lifetime(tmp_path) -> None:
         "instance-3": 1,
     }
     assert sampler.series["instance-3"].samples[0].at_s == 0
+
+
+def test_an_instance_gone_without_a_kill_or_stop_from_the_harness_fails_the_soak(tmp_path) -> None:
+    fleet = Fleet("unused:app", "127.0.0.1:1", {}, tmp_path)
+    killed, stopped, crashed, alive = (_sleeping(fleet, f"instance-{n}") for n in range(1, 5))
+    killed.kill()
+    stopped.terminate()
+    crashed.process.kill()  # not through the harness: as a process that exits by itself
+    crashed.process.wait(10)
+    crashed.log_path.write_text("pipeline run: Kafka error: fenced\n")
+    try:
+        assert exited_by_themselves([killed, stopped, crashed, alive]) == [
+            "instance-3 exited by itself (code -9): pipeline run: Kafka error: fenced"
+        ]
+    finally:
+        alive.kill()
 
 
 def _sleeping(fleet: Fleet, name: str) -> Instance:
