@@ -102,7 +102,7 @@ class ContainerFleet(Fleet):
         ]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        return ContainerInstance(name, process, log_path, container)
+        return ContainerInstance(name, process, log_path, container=container)
 
     def _log_level_args(self) -> tuple[str, ...]:
         level = getattr(self, "log_level", None)  # `pipeline --log-level`, where the fleet has one
