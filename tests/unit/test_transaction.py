@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition
 
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
-from pipeline.sinks.kafka.runner import abort_and_rewind
+from pipeline.sinks.kafka.runner import KafkaRunner, abort_and_rewind
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted
 from tests.fakes import (
@@ -139,18 +139,21 @@ def test_records_polled_before_another_partitions_abort_rewound_p_are_not_handed
     assert [r["value"] for r in calls.produced()] == [b"v", b"v"]  # p1@10, then p0@10 that failed: nothing else
 
 
-def test_after_an_abort_every_partition_of_the_process_runs_on_one_new_producer() -> None:
-    """renew-after-abort (docs/guarantees.md), PRODUCERS=per_process: the process's producer is replaced under the
-    same name and initialised once; every task then produces through the new one, the old one gets nothing more."""
-    calls = Calls()
-    made: list[FakeProducer] = []
-    consumer = FakeConsumer(committed_offset=10)
+def per_process_runner(calls: Calls, consumer: FakeConsumer, made: list[FakeProducer]) -> KafkaRunner:
+    """A per_process runner on fakes that keeps every producer it makes in `made`, in order."""
 
     def make(txn_id: str | None) -> FakeProducer:
         made.append(FakeProducer(calls, txn_id))
         return made[-1]
 
-    runner = kafka_runner(copier, consumer, make, app_id="unit", producers="per_process")
+    return kafka_runner(copier, consumer, make, app_id="unit", producers="per_process")
+
+
+def test_after_an_abort_every_partition_of_the_process_runs_on_one_new_producer() -> None:
+    """renew-after-abort (docs/guarantees.md), PRODUCERS=per_process: the process's producer is replaced under the
+    same name and initialised once; every task then produces through the new one, the old one gets nothing more."""
+    calls, consumer, made = Calls(), FakeConsumer(committed_offset=10), list[FakeProducer]()
+    runner = per_process_runner(calls, consumer, made)
     runner._on_assign(consumer, [TopicPartition(copier.input_topic, p) for p in (0, 1)])
     runner._dispatch([kafka_message(10, partition=1)])
     made[0].fail("produce", kafka_exception(**ABORTABLE))
@@ -181,15 +184,8 @@ def test_after_a_lost_membership_the_next_take_over_runs_on_a_new_initialised_pr
     """A peer's failure detector removed this process while it was paused and fenced its producer beside the removal;
     nothing was open, so nothing failed here. Rejoined, the process must not take partitions over on that producer
     (fence() would take it for fenced already, and its first transaction failed fatally: a soak's instance exited)."""
-    calls = Calls()
-    made: list[FakeProducer] = []
-    consumer = FakeConsumer(committed_offset=10)
-
-    def make(txn_id: str | None) -> FakeProducer:
-        made.append(FakeProducer(calls, txn_id))
-        return made[-1]
-
-    runner = kafka_runner(copier, consumer, make, app_id="unit", producers="per_process")
+    calls, consumer, made = Calls(), FakeConsumer(committed_offset=10), list[FakeProducer]()
+    runner = per_process_runner(calls, consumer, made)
     partitions = [TopicPartition(copier.input_topic, p) for p in (0, 1)]
     runner._on_assign(consumer, partitions)
     runner._on_lost(consumer, partitions)  # nothing open: no abort, no error
