@@ -314,8 +314,8 @@ def run_soak(
             sampler.stop()
         run.abandon()
     growths, problems = growth_verdict(series, rule)
-    figures = (len(records), seconds, load_before, load_after)
-    return SoakResult(outcome, growths, fault_errors + problems, struck, *figures, removals=judged)
+    problems = fault_errors + problems
+    return SoakResult(outcome, growths, problems, struck, len(records), seconds, load_before, load_after, judged)
 
 
 def exited_by_themselves(instances: Sequence[Instance]) -> list[str]:

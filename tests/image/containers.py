@@ -42,18 +42,18 @@ class ContainerInstance(Instance):
 
     def signal(self, sig: signal.Signals) -> None:
         if self.alive:
-            self.signals.append((time.time(), sig.name))
+            self.sent(sig.name)
             podman("kill", "--signal", sig.name, self.container, check=False)
 
     def pause(self) -> None:
         if self.alive:
-            self.signals.append((time.time(), "SIGSTOP"))
+            self.sent("SIGSTOP")
             podman("pause", self.container)
             self.paused = True
 
     def resume(self) -> None:
         if self.paused:
-            self.signals.append((time.time(), "SIGCONT"))
+            self.sent("SIGCONT")
             podman("unpause", self.container, check=False)
             self.paused = False
 

@@ -88,9 +88,9 @@ def fence(txns: list[Transaction], settings: Settings) -> None:
     once (MissingPermission)."""
     if not txns:
         return
-    quick = [len(txns) <= QUICK_FENCE_AT_MOST] * len(txns)
+    quick = len(txns) <= QUICK_FENCE_AT_MOST
     with ThreadPoolExecutor(len(txns)) as pool:
-        results = list(pool.map(_fence_one, txns, [settings] * len(txns), quick))
+        results = list(pool.map(lambda txn: _fence_one(txn, settings, quick), txns))
     failed = [f"{t.name}: {r}" for t, r in zip(txns, results, strict=True) if r]
     if failed:
         raise FatalRunnerError("cannot fence " + "; ".join(failed) + " (is the transaction coordinator up?)")
