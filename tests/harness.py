@@ -18,7 +18,8 @@ from pipeline.core.lifecycle import Phase
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
-from pipeline.sinks.kafka.runner import KafkaRunner, close_task, commit_transaction
+from pipeline.sinks.kafka.commit import close_task, commit_transaction
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction, transactional_id
 from tests.fakes import Calls, FakeConsumer, FakeProducer, kafka_message
@@ -102,6 +103,14 @@ def kafka_runner(app: App, consumer: Any, make_producer: Callable[[str | None], 
     runner = KafkaRunner(app, settings_module.load(env={}, bootstrap_servers="unused:9092", **settings))
     runner.consumer = consumer
     runner._make_producer = make_producer  # type: ignore[method-assign,assignment]
+    new_transaction = runner._new_transaction
+
+    def without_quick_fence(txn_id: str, name: str | None = None) -> Transaction:
+        txn = new_transaction(txn_id, name)
+        txn._quick_fence = None  # a kafka-python client of its own: it would try to reach the broker for seconds
+        return txn
+
+    runner._new_transaction = without_quick_fence  # type: ignore[method-assign]
     runner.ctx = KafkaTaskContext(
         app,
         runner.settings,

@@ -36,8 +36,8 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop, log_stop
 from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
+from pipeline.sinks.kafka.commit import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.inputs import MultiInputTask
-from pipeline.sinks.kafka.runner import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted, transactional_id
 from pipeline.state import PartitionState

@@ -14,7 +14,8 @@ from confluent_kafka import Consumer, TopicPartition
 from pipeline import settings
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.running_totals import app as totals
-from pipeline.sinks.kafka.runner import KafkaRunner, commit_transaction
+from pipeline.sinks.kafka.commit import commit_transaction
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped
 from pipeline.testing import checker, inputs

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.examples.windowed_totals import app as windowed_totals
-from pipeline.sinks.kafka.runner import commit_transaction
+from pipeline.sinks.kafka.commit import commit_transaction
 from pipeline.sinks.kafka.transaction import PartitionDropped
 from pipeline.testing.driver import AppDriver
 from pipeline.testing.pytest_plugin import pipeline_driver  # noqa: F401 - the fixture, as users import it

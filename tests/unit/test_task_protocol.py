@@ -1,4 +1,4 @@
-"""A KafkaTask and the runner's transaction protocol (pipeline/sinks/kafka/runner.py: commit_transaction,
+"""A KafkaTask and the runner's transaction protocol (pipeline/sinks/kafka/commit.py: commit_transaction,
 abort_transaction, close_task): call order and error handling, against the fake producer and consumer of tests/fakes.py
 that record every call.
 
@@ -23,7 +23,7 @@ from pipeline.core.processing import PoisonRecordStop
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.settings import Settings
 from pipeline.sinks.kafka import takeover
-from pipeline.sinks.kafka.runner import abort_and_rewind
+from pipeline.sinks.kafka.commit import abort_and_rewind
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted, transactional_id
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint

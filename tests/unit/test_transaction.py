@@ -1,5 +1,5 @@
 """PRODUCERS=per_process: one producer's transaction carries every partition's work, and they commit, abort and break
-together (pipeline/sinks/kafka/transaction.py, committed by pipeline/sinks/kafka/runner.py). Against the recording
+together (pipeline/sinks/kafka/transaction.py, committed by pipeline/sinks/kafka/commit.py). Against the recording
 fakes of tests/fakes.py; the real-broker tests are tests/integration/test_per_process_takeover.py and the fault
 suite run in this mode."""
 
@@ -10,7 +10,8 @@ from confluent_kafka import TopicPartition
 
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
-from pipeline.sinks.kafka.runner import KafkaRunner, abort_and_rewind
+from pipeline.sinks.kafka.commit import abort_and_rewind
+from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted
 from tests.fakes import (

@@ -1,6 +1,6 @@
 """One transactional producer and the tasks whose work is open in it. The runner builds every Transaction
 (pipeline/sinks/kafka/runner.py: `KafkaRunner._transaction_for`) and commits or aborts it (`commit_transaction`,
-`abort_transaction` there); a task only stages its work in the one it was given.
+`abort_transaction` in pipeline/sinks/kafka/commit.py); a task only stages its work in the one it was given.
 
 PRODUCERS=per_partition: each input partition has its own producer, named after the partition (`transactional_id`),
 so each task has a Transaction of its own, and a new owner fences the previous one by initialising that name.
