@@ -118,10 +118,13 @@ class Progress:
     """Records committed so far (a callable for throughput.measure()), and the instance's CPU when the first commit
     was seen."""
 
-    def __init__(self, committed: Callable[[], int], pid: int, close: Callable[[], None] = lambda: None) -> None:
-        self._committed, self._pid, self.close = committed, pid, close
+    def __init__(
+        self, committed: Callable[[], int], pid: int, close: Callable[[], None] = lambda: None, broker: int = 0
+    ) -> None:
+        self._committed, self._pid, self.close, self._broker = committed, pid, close, broker
         self.first_seen: float | None = None
         self.cpu_at_first: float | None = None
+        self.broker_cpu_at_first: float | None = None
         self.first_count = 0
         self._last = 0
 
@@ -133,6 +136,7 @@ class Progress:
             return self._last
         if total and self.first_seen is None:
             self.first_seen, self.cpu_at_first, self.first_count = time.monotonic(), cpu_seconds(self._pid), total
+            self.broker_cpu_at_first = cpu_seconds(self._broker) if self._broker else None
         return total
 
 
@@ -161,6 +165,7 @@ class RunResult:
     rate: float | None = None
     seconds: float = 0.0
     cpu_us: float | None = None  # instance CPU per record over the measured window, microseconds
+    broker_cpu_us: float | None = None  # the same for the broker's process (--broker-pid)
     proc: Sample = field(default_factory=Sample)
     load: tuple[float, float] = (0.0, 0.0)
     warnings: list[str] = field(default_factory=list)
@@ -178,6 +183,7 @@ class Bench:
     log_dir: Path
     extra_env: Mapping[str, str]
     timeout_s: float
+    broker_pid: int = 0  # a local broker's process: its CPU over each measured window too (0: not measured)
     prefix: str = field(default_factory=lambda: f"bench-backlog-{uuid.uuid4().hex[:6]}")
 
     def input_topic(self, partitions: int) -> str:
@@ -211,9 +217,13 @@ class Bench:
         try:
             measured = throughput.measure(progress, self.records, instance, self.timeout_s, sample_s=SAMPLE_S)
             cpu_end, window_end = cpu_seconds(instance.process.pid), time.monotonic()
+            broker_end = cpu_seconds(self.broker_pid) if self.broker_pid else None
             result.rate, result.seconds, result.error = measured.rate, measured.seconds, measured.error
+            measured_records = self.records - progress.first_count
             if cpu_end is not None and progress.cpu_at_first is not None:
-                result.cpu_us = (cpu_end - progress.cpu_at_first) / (self.records - progress.first_count) * 1e6
+                result.cpu_us = (cpu_end - progress.cpu_at_first) / measured_records * 1e6
+            if broker_end is not None and progress.broker_cpu_at_first is not None:
+                result.broker_cpu_us = (broker_end - progress.broker_cpu_at_first) / measured_records * 1e6
             watcher.read()
             watcher.sample.rss_window_mb = watcher.sample.rss_between(progress.first_seen or 0.0, window_end)
         except throughput.BenchError as e:
@@ -248,9 +258,9 @@ class Bench:
 
     def _progress(self, app_id: str, partitions: int, pid: int) -> Progress:
         if self.sink == "postgres":
-            return Progress(postgres_committed(self.dsn, schema_name(app_id), app_id), pid)
+            return Progress(postgres_committed(self.dsn, schema_name(app_id), app_id), pid, broker=self.broker_pid)
         committed = CommittedProgress(self.bootstrap, app_id, self.input_topic(partitions), partitions)
-        return Progress(committed, pid, committed.close)
+        return Progress(committed, pid, committed.close, broker=self.broker_pid)
 
     def _cleanup_run(self, app_id: str) -> None:
         latency.cleanup(self.bootstrap, app_id)  # the group, and a fresh output topic
@@ -358,7 +368,8 @@ def ratios(results: Sequence[RunResult], partitions: Sequence[int], modes: Seque
 def run_line(r: RunResult) -> str:
     return (
         f"| {r.round} | {r.partitions} | {r.mode} | {throughput._rate(r.rate)} | {r.seconds:.1f} "
-        f"| {_fmt(r.cpu_us, '.1f')} | {r.proc.peak_threads} | {r.proc.hwm_mb:.0f} | {r.proc.rss_window_mb:.0f} "
+        f"| {_fmt(r.cpu_us, '.1f')} | {_fmt(r.broker_cpu_us, '.1f')} | {r.proc.peak_threads} | {r.proc.hwm_mb:.0f} "
+        f"| {r.proc.rss_window_mb:.0f} "
         f"| {len(r.warnings)} "
         f"| {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else "")
     )
@@ -372,9 +383,10 @@ def report(results: Sequence[RunResult], partitions: Sequence[int], modes: Seque
         "",
         "Every run, in order:",
         "",
-        "| round | partitions | mode | rec/s | measured s | CPU us/record | peak threads | peak RSS MB | steady RSS MB "
+        "| round | partitions | mode | rec/s | measured s | CPU us/record | broker CPU us/record | peak threads "
+        "| peak RSS MB | steady RSS MB "
         "| warning lines | load avg start / end |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(run_line(r) for r in results),
     ]
     warned = [r for r in results if r.warnings]
@@ -400,6 +412,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh-output", action="store_true", help="a new output topic for every run")
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds per run (default 60 + records / 5,000)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="more instance environment")
+    parser.add_argument(
+        "--broker-pid", type=int, default=0, help="a local broker's PID: its CPU per record over each window too"
+    )
     parser.add_argument("--log-dir", default="", help="keep the instances' logs here (default: a temporary directory)")
     return parser
 
@@ -436,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir,
             extra_env,
             timeout_s,
+            args.broker_pid,
         )
         try:
             for n in partitions:
