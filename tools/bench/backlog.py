@@ -18,9 +18,11 @@ creates a new output topic for every run instead (what tools/bench/partitions.py
 
 Per run: the rate; the instance's CPU (utime + stime of /proc/PID/stat) per record over the same window, the figure
 that the load of a shared machine moves least; peak threads; peak RSS (VmHWM) and the median VmRSS over the window;
-the load average (1 min) at its start and end. Runs are interleaved (each round: every partition count, every mode;
-every other round in the reverse order), so that load from elsewhere hits every cell alike; the tables give the
-medians, the ratios of the medians against the smallest partition count, and the median of the per-round ratios.
+the load average (1 min) at its start and end; with `--broker-pid`, a local broker's CPU per record over the same
+window (it shares the machine's cores with the instance). Runs are interleaved (each round: every partition count,
+every mode; every other round in the reverse order), so that load from elsewhere hits every cell alike; the tables
+give the medians, the ratios of the medians against the smallest partition count, and the median of the per-round
+ratios.
 
     pipeline bench partitions                                        # = python -m tools.bench.backlog
     python -m tools.bench.backlog                                    # 3,48,384 x both modes x 5 rounds (~8 min)
