@@ -113,7 +113,7 @@ class Metrics:
         )
         self.lag = Gauge(
             "pipeline_consumer_lag",
-            "High watermark minus position",
+            "Records up to the high watermark not processed yet (from the consumer position, past commit markers)",
             ["partition"],
             registry=r,
             multiprocess_mode="livemostrecent",
@@ -124,7 +124,7 @@ class Metrics:
         """Several inputs and tables (docs/inputs.md): lag per input, and per table its size, restore and lag."""
         self.input_lag = Gauge(
             "pipeline_input_lag",
-            "High watermark minus position, per input topic (inputs and co-partitioned tables)",
+            "pipeline_consumer_lag per input topic (inputs and co-partitioned tables)",
             ["topic", "partition"],
             registry=r,
             multiprocess_mode="livemostrecent",

@@ -57,6 +57,18 @@ class Input(NamedTuple):
         top = max((x for x in (self.high, self.end) if x is not None), default=None)
         return top is not None and at is not None and at < top
 
+    @property
+    def lag(self) -> int | None:
+        """Records up to the cached high watermark that p has not processed, counted as Kafka's records-lag is: from
+        the consumer's position once it is past p's. The records between were handed out and processed, or were
+        control records the consumer skips: after a transaction's last record, p's position stays at the commit
+        marker, and an idle partition of a transactional input read 1 for good. Records handed out and held in
+        memory (a burst of timers, inputs waiting for each other) are not counted. None: unknown."""
+        if self.position is None or self.high is None:
+            return None
+        at = self.position if self.fetched is None else max(self.position, self.fetched)
+        return max(0, self.high - at)
+
     def __str__(self) -> str:
         where = f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}"
         if self.end is None:
@@ -163,8 +175,7 @@ class PollLoop:
             if o.phase is not Phase.RUNNING:
                 continue
             for i in inputs[p]:
-                if i.position is not None and i.high is not None:
-                    lag = max(0, i.high - i.position)
+                if (lag := i.lag) is not None:
                     self.metrics.input_lag.labels(i.topic, str(p)).set(lag)
                     if i.topic == self.input_topic:
                         self.metrics.lag.labels(str(p)).set(lag)

@@ -163,6 +163,20 @@ def test_off_the_loop_asks_the_consumer_for_no_positions_and_still_sets_the_lag(
     assert runner.metrics.lag.labels("0")._value.get() == 30
 
 
+def test_an_idle_partition_of_a_transactional_input_reads_no_lag(clock) -> None:
+    # p0's last record is at 49, its commit marker at 50: p0's position stops at 50, the consumer's moved past the
+    # marker to 51, the high watermark. p1 has 5 records fetched but not handed out yet.
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    consumer.watermarks = {(topic, 0): (0, 51), (topic, 1): (0, 51)}
+    consumer.positions = {(topic, 0): 51, (topic, 1): 46}
+    runner.tasks[0].next_offset, runner.tasks[1].next_offset = 50, 46
+    loop_for(runner, clock, 1)
+    assert runner.metrics.lag.labels("0")._value.get() == 0
+    assert runner.metrics.lag.labels("1")._value.get() == 5
+    assert runner.metrics.input_lag.labels(topic, "0")._value.get() == 0
+
+
 def test_the_loop_warns_of_a_partition_the_fetcher_left_behind(clock, caplog) -> None:
     caplog.set_level(logging.INFO, "pipeline.core.stall")
     consumer, topic = FakeConsumer(), copier.input_topic
