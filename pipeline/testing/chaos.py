@@ -50,19 +50,20 @@ def report(rows: list[tuple[Fault, Outcome, float]]) -> str:
         v = outcome.verdict
         if v is None:
             lines.append(f"{fault.name:<13} {'STUCK':<8} lag per partition {outcome.stuck}")
-            continue
-        verdict = "OK" if outcome.ok else "FAIL"
-        lines.append(
-            f"{fault.name:<13} {verdict:<8} {v.inputs:>7} {v.outputs:>7} {v.duplicates.count:>4} "
-            f"{v.losses.count:>4} {v.order.count:>5} {v.state.count:>5} {v.dead_letters:>5} {seconds:>5.0f}  "
-            f"{fault.description}" + (f"; {len(outcome.phantoms)} phantom reads" if outcome.phantoms else "")
-        )
+        else:
+            verdict = "OK" if outcome.ok else "FAIL"
+            lines.append(
+                f"{fault.name:<13} {verdict:<8} {v.inputs:>7} {v.outputs:>7} {v.duplicates.count:>4} "
+                f"{v.losses.count:>4} {v.order.count:>5} {v.state.count:>5} {v.dead_letters:>5} {seconds:>5.0f}  "
+                f"{fault.description}" + (f"; {len(outcome.phantoms)} phantom reads" if outcome.phantoms else "")
+            )
+        lines += [f"{'':<13} {'':<8} {line}" for line in outcome.exited]  # a crash the others covered for
     return "\n".join(lines)
 
 
 def _as_json(fault: Fault, outcome: Outcome) -> dict[str, object]:
     verdict = outcome.verdict.as_dict() if outcome.verdict else None
-    return {"fault": fault.name, "ok": outcome.ok, "stuck": outcome.stuck, "verdict": verdict}
+    return {"fault": fault.name, "ok": outcome.ok, "stuck": outcome.stuck, "exited": outcome.exited, "verdict": verdict}
 
 
 def _sink_and_faults(

@@ -24,6 +24,7 @@ from pipeline.testing.harness import (
     FAST_FAILOVER,
     Fleet,
     Instance,
+    exited_by_themselves,
     group_protocol,
     kafka_env,
     set_group_failover,
@@ -130,10 +131,11 @@ class FaultRun:
         lag = wait_caught_up(
             self.bootstrap, self.app_id, self.run_app.co_partitioned, self.partitions, timeout_s, self.client_config
         )
+        exited = exited_by_themselves(self.fleet.instances)  # before the harness stops them all
         self.fleet.stop_all()
         observed = self.observer.stop()
         if lag:
-            return Outcome(None, lag, [], self.fleet.logs())
+            return Outcome(None, lag, [], self.fleet.logs(), exited)
         verdict = checker.verify(
             self.run_app,
             self.bootstrap,
@@ -146,7 +148,7 @@ class FaultRun:
             extra_config=self.client_config,
         )
         phantoms = observer_subset_of_final(observed, verdict)
-        return Outcome(verdict, {}, phantoms, self.fleet.logs())
+        return Outcome(verdict, {}, phantoms, self.fleet.logs(), exited)
 
     def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
         """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""
@@ -155,9 +157,10 @@ class FaultRun:
         lag = postgres_checker.wait_caught_up(
             self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s, self.client_config
         )
+        exited = exited_by_themselves(self.fleet.instances)
         self.fleet.stop_all()
         if lag:
-            return Outcome(None, lag, [], self.fleet.logs())
+            return Outcome(None, lag, [], self.fleet.logs(), exited)
         verdict = postgres_checker.verify_tables(
             self.app,
             self.bootstrap,
@@ -169,7 +172,7 @@ class FaultRun:
         )
         if verdict.ok:
             tables.drop()
-        return Outcome(verdict, {}, [], self.fleet.logs())
+        return Outcome(verdict, {}, [], self.fleet.logs(), exited)
 
     def abandon(self) -> None:
         if self.fleet:
@@ -184,10 +187,11 @@ class Outcome:
     stuck: dict[int, int]  # input partition -> records not committed when the wait ended
     phantoms: list[KafkaRecord]  # records a concurrent read_committed reader saw that the final drain lacks
     logs: str
+    exited: list[str] = field(default_factory=list)  # instances gone without a kill or stop (exited_by_themselves)
 
     @property
     def ok(self) -> bool:
-        return self.verdict is not None and self.verdict.ok and not self.phantoms
+        return self.verdict is not None and self.verdict.ok and not self.phantoms and not self.exited
 
 
 def produce_paced(

@@ -120,6 +120,17 @@ class Instance:
             return ""
 
 
+def exited_by_themselves(instances: Sequence[Instance]) -> list[str]:
+    """Instances that are gone without a SIGKILL or SIGTERM from the harness: a crash, which the checker alone would
+    not see when the others took its partitions over (a soak's process exited on a fenced producer, verdict OK).
+    Fault runs (pipeline/testing/faults.py: FaultRun.finish) and soaks fail on any."""
+    return [
+        f"{i.name} exited by itself (code {i.process.returncode}): {i.log_tail(1)}"
+        for i in instances
+        if not i.alive and not any(name in ("SIGKILL", "SIGTERM") for _, name in i.signals)
+    ]
+
+
 @dataclass
 class Fleet:
     """Instances of one app sharing one consumer group. `env` reaches every instance (a secured cluster's

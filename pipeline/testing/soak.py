@@ -35,7 +35,7 @@ from typing import TypedDict
 
 from pipeline.app import App
 from pipeline.testing import detections, faults
-from pipeline.testing.harness import Fleet, Instance
+from pipeline.testing.harness import Fleet, Instance, exited_by_themselves
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 MIB = 1024 * 1024
@@ -316,16 +316,6 @@ def run_soak(
     growths, problems = growth_verdict(series, rule)
     problems = fault_errors + problems
     return SoakResult(outcome, growths, problems, struck, len(records), seconds, load_before, load_after, judged)
-
-
-def exited_by_themselves(instances: Sequence[Instance]) -> list[str]:
-    """Instances that are gone without a SIGKILL or SIGTERM from the harness: a crash, which the checker alone would
-    not see when the others took its partitions over (a soak's process exited on a fenced producer, verdict OK)."""
-    return [
-        f"{i.name} exited by itself (code {i.process.returncode}): {i.log_tail(1)}"
-        for i in instances
-        if not i.alive and not any(name in ("SIGKILL", "SIGTERM") for _, name in i.signals)
-    ]
 
 
 def write_samples(series: dict[str, Series], path: Path) -> None:

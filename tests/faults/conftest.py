@@ -41,6 +41,7 @@ def assert_exactly_once(outcome: Outcome) -> None:
     assert outcome.verdict is not None, f"did not catch up, lag per partition {outcome.stuck}\n{outcome.logs}"
     assert not outcome.phantoms, f"a read_committed observer saw records the final drain lacks: {outcome.phantoms[:5]}"
     assert outcome.verdict.ok, outcome.verdict.summary() + "\n" + outcome.logs
+    assert not outcome.exited, "instances exited by themselves:\n" + "\n".join(outcome.exited)
 
 
 def busiest_owner(run: FaultRun, fleet: Fleet) -> Instance:

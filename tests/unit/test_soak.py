@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 
-from pipeline.testing.harness import Fleet, Instance
+from pipeline.testing.harness import Fleet, Instance, exited_by_themselves
 from pipeline.testing.soak import (
     MIB,
     GrowthRule,
@@ -17,7 +17,6 @@ from pipeline.testing.soak import (
     Sampler,
     Series,
     SoakResult,
-    exited_by_themselves,
     growth_verdict,
     judge,
     read_process,
