@@ -85,6 +85,7 @@ class Instance:
     # (wall-clock time, signal name) of every signal sent: which instance a fault hit, and when (to tell a fast
     # failure detector's removal of a paused or killed instance from a false positive: pipeline/testing/detections.py)
     signals: list[tuple[float, str]] = field(default_factory=list)
+    exit_expected: bool = False  # it exited by itself as its test wanted (`wait_for_exit`): not a crash
 
     @property
     def alive(self) -> bool:
@@ -113,6 +114,14 @@ class Instance:
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
 
+    def wait_for_exit(self, timeout_s: float) -> int:
+        """The test expects this instance to exit by itself (a start refused by design): its exit code, once it
+        exited within `timeout_s` (subprocess.TimeoutExpired otherwise). From then on it does not count as a crash
+        (`exited_by_themselves`)."""
+        code = self.process.wait(timeout_s)
+        self.exit_expected = True
+        return code
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -127,7 +136,7 @@ def exited_by_themselves(instances: Sequence[Instance]) -> list[str]:
     return [
         f"{i.name} exited by itself (code {i.process.returncode}): {i.log_tail(1)}"
         for i in instances
-        if not i.alive and not any(name in ("SIGKILL", "SIGTERM") for _, name in i.signals)
+        if not i.alive and not i.exit_expected and not any(name in ("SIGKILL", "SIGTERM") for _, name in i.signals)
     ]
 
 

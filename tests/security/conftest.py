@@ -112,7 +112,7 @@ def refused_start(run: FaultRun, bound_s: float, what: str) -> str:
     its log."""
     instance = run.start(1).instances[-1]
     try:
-        exit_code = instance.process.wait(bound_s)
+        exit_code = instance.wait_for_exit(bound_s)
     except subprocess.TimeoutExpired:
         instance.kill()
         pytest.fail(f"{what}: still running {bound_s}s after start:\n{instance.log_tail()}")

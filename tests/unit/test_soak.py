@@ -128,6 +128,15 @@ def test_an_instance_gone_without_a_kill_or_stop_from_the_harness_fails_the_soak
         alive.kill()
 
 
+def test_an_exit_the_test_waited_for_is_not_a_crash(tmp_path) -> None:
+    # A start refused by design (a missing ACL: exit 2), which the test waits for and checks.
+    refused = Instance(
+        "instance-1", subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"]), tmp_path / "1.log"
+    )
+    assert refused.wait_for_exit(30) == 2
+    assert exited_by_themselves([refused]) == []
+
+
 def _sleeping(fleet: Fleet, name: str) -> Instance:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     return Instance(name, process, fleet.log_dir / f"{name}.log")
