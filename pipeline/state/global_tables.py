@@ -24,9 +24,11 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pipeline.app import Table
 from pipeline.kafka.offsets import (
     EndOffsetsTimeout,
+    OffsetsNotKnown,
     ReadToEndTimeout,
     TailReader,
     high_watermarks,
+    known,
     low_watermarks,
     refresh_leaders,
 )
@@ -69,8 +71,9 @@ class PendingTargets:
                 targets: Targets = {}
                 for tp, future in self._futures.items():
                     targets.setdefault(tp.topic, {})[tp.partition] = future.result().offset
-                self._targets = targets
-            except KafkaException as e:
+                # A negative end would read as reached at once: the tasks would start on tables not read yet.
+                self._targets = {topic: known(topic, ends) for topic, ends in targets.items()}
+            except (KafkaException, OffsetsNotKnown) as e:
                 self._ask_again(str(e.args[0]))
         elif self._targets is None and time.monotonic() - self._asked_at > self._request_timeout_s:
             self._ask_again("no answer within REQUEST_TIMEOUT_MS")

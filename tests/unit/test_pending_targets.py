@@ -97,3 +97,15 @@ def test_after_the_restore_timeout_the_take_over_fails_loudly(clock: Clock) -> N
     clock.now += 31
     with pytest.raises(EndOffsetsTimeout, match=r"RESTORE_TIMEOUT_MS.*broker down"):
         pending.result()
+
+
+def test_a_negative_end_is_not_a_target_it_is_asked_again(clock: Clock) -> None:
+    # -1 read as a target is reached at once: the tasks would start before the tables were read.
+    broker = Broker()
+    pending = PendingTargets(broker.ask, broker.refresh, request_timeout_s=10, give_up_s=600)
+    broker.answer([7, -1])
+    assert pending.result() is None
+    clock.now += 1.5
+    assert pending.result() is None and len(broker.asks) == 2
+    broker.answer([7, 9])
+    assert pending.result() == {"accounts": {0: 7, 1: 9}}
