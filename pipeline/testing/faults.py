@@ -131,8 +131,7 @@ class FaultRun:
         lag = wait_caught_up(
             self.bootstrap, self.app_id, self.run_app.co_partitioned, self.partitions, timeout_s, self.client_config
         )
-        exited = exited_by_themselves(self.fleet.instances)  # before the harness stops them all
-        self.fleet.stop_all()
+        exited = self._stop_fleet()
         observed = self.observer.stop()
         if lag:
             return Outcome(None, lag, [], self.fleet.logs(), exited)
@@ -157,8 +156,7 @@ class FaultRun:
         lag = postgres_checker.wait_caught_up(
             self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s, self.client_config
         )
-        exited = exited_by_themselves(self.fleet.instances)
-        self.fleet.stop_all()
+        exited = self._stop_fleet()
         if lag:
             return Outcome(None, lag, [], self.fleet.logs(), exited)
         verdict = postgres_checker.verify_tables(
@@ -173,6 +171,13 @@ class FaultRun:
         if verdict.ok:
             tables.drop()
         return Outcome(verdict, {}, [], self.fleet.logs(), exited)
+
+    def _stop_fleet(self) -> list[str]:
+        """Stops every instance; the ones that had exited by themselves before (a crash, whatever the checker finds)."""
+        assert self.fleet is not None  # start() came first
+        exited = exited_by_themselves(self.fleet.instances)  # before the harness's SIGTERMs
+        self.fleet.stop_all()
+        return exited
 
     def abandon(self) -> None:
         if self.fleet:

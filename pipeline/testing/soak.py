@@ -332,8 +332,10 @@ def report(result: SoakResult) -> str:
     verdict = outcome.verdict if outcome else None
     faults = ", ".join(f"{name} {count}" for name, count in result.faults.items())
     if outcome is not None and verdict is not None:
+        # The checker's own findings: an instance that exited by itself is one of the soak's problems, listed below.
+        found = "OK" if verdict.ok and not outcome.phantoms else "FAIL"
         checked = (
-            f"checker {'OK' if outcome.ok else 'FAIL'}: {verdict.inputs} in, {verdict.outputs} out, "
+            f"checker {found}: {verdict.inputs} in, {verdict.outputs} out, "
             f"{verdict.duplicates.count} duplicates, {verdict.losses.count} lost, {verdict.state.count} state, "
             f"{len(outcome.phantoms)} phantom reads"
         )

@@ -9,7 +9,9 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 
+from pipeline.testing.faults import Outcome
 from pipeline.testing.harness import Fleet, Instance, exited_by_themselves
+from pipeline.testing.oracle import Verdict
 from pipeline.testing.soak import (
     MIB,
     GrowthRule,
@@ -163,3 +165,14 @@ def test_the_report_and_the_samples_file_say_what_was_judged_even_without_a_chec
     write_samples({"instance-1": leaking, "instance-2": short}, tmp_path / "run" / "soak-samples.csv")
     lines = (tmp_path / "run" / "soak-samples.csv").read_text().splitlines()
     assert lines[0] == "instance,at_s,rss_bytes,fds" and len(lines) == 1 + len(leaking.samples) + len(short.samples)
+
+
+def test_a_crash_the_checker_did_not_see_fails_the_soak_and_is_reported_once() -> None:
+    exited = "instance-2 exited by itself (code 1): pipeline run: Kafka error: fenced"
+    clean = Verdict(inputs=100, outputs=100, dead_letters=0, changelog_records=0)
+    result = SoakResult(
+        Outcome(clean, {}, [], "", [exited]), [], [exited], Counter(sigkill=1), 100, 60.0, (1.0,) * 3, (1.0,) * 3
+    )
+    text = report(result)
+    assert text.startswith("soak FAIL") and "checker OK: 100 in, 100 out" in text
+    assert text.count(exited) == 1
