@@ -67,11 +67,16 @@ def record_from_message(app: App, msg: Consumed) -> Record:
     )
 
 
-def log_stop(partition: int, position: int | None, error: Exception) -> None:
-    """The ERROR that says p stopped, where, why and what to do (the runners' and the test driver's)."""
+def stop_message(partition: int, position: int | None, error: Exception) -> str:
+    """What says p stopped, where, why and what to do: the runners' ERROR and the test driver's PartitionStopped."""
     fix = getattr(error, "fix", PoisonRecordStop.fix)
     at = "its first record" if position is None else f"offset {position}"
-    log.error("p%d: STOPPED at %s: %s. %s", partition, at, error, fix)
+    return f"p{partition}: STOPPED at {at}: {error}. {fix}"
+
+
+def log_stop(partition: int, position: int | None, error: Exception) -> None:
+    """The ERROR that says p stopped (the runners' and the test driver's)."""
+    log.error("%s", stop_message(partition, position, error))
 
 
 def where(msg: Consumed) -> str:

@@ -8,8 +8,9 @@ TopologyTestDriver for this template). Runs in milliseconds.
     driver.state(), driver.timers(), driver.stream_time()    # partition 0's, by default
     driver.crash()                                           # open transactions lost, state restored
     driver.verify()                                          # the checker's verdict over everything so far
-`strict=True` (the pytest plugin's default): a state value changed in place but not assigned back is an error, and
-a stop raises at the call (pipeline/testing/strict.py). A partition the driver does not have is refused.
+A partition stopped where the runtime stops it raises `PartitionStopped` from the call (on_stop="record": the
+runtime's behaviour; pipeline/testing/stops.py). `strict=True` (the pytest plugin's default): a state value changed in
+place but not assigned back is an error (pipeline/testing/strict.py). A partition the driver does not have is refused.
 
 Each record goes through `KafkaTask.process` and each commit through `commit_transaction`, the code the Kafka
 runner runs (pipeline/sinks/kafka/), against in-memory clients (pipeline/testing/memory.py) whose transactions
@@ -25,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -34,7 +35,6 @@ from pipeline.app import App, Timer
 from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop, log_stop
-from pipeline.core.provenance import TimerSource, decode_source, decode_timer
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.commit import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.inputs import MultiInputTask
@@ -44,25 +44,16 @@ from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint, changelog_topic, is_checkpoint
 from pipeline.state.tables import TableStore
 from pipeline.state.timed import TimedState
+from pipeline.state.versions import StateVersionError
 from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
 from pipeline.testing.oracle.records import KafkaRecord
+from pipeline.testing.produced import Produced, decoded
+from pipeline.testing.stops import OnStop, PartitionStopped, Stops
 from pipeline.testing.strict import watched
 
+__all__ = ["AppDriver", "PartitionStopped", "Produced"]
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
-
-
-class Produced(NamedTuple):
-    """One output, decoded with the App's output serdes."""
-
-    key: Any
-    value: Any
-    topic: str
-    partition: int
-    # The input record it came from: (partition, offset), with the input's index for another than the first input
-    # (several inputs); None for a timer's.
-    source: tuple[int, int] | tuple[int, int, int] | None
-    timer: TimerSource | None  # the timer firing it came from; None for a record's
 
 
 class AppDriver:
@@ -76,10 +67,11 @@ class AppDriver:
         wall_clock_ms: int = 0,
         auto_commit: bool = True,
         strict: bool = False,
+        on_stop: OnStop = "raise",
         **settings: Any,
     ) -> None:
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
-        self.strict = strict
+        self.strict, self.stops = strict, Stops(on_stop)
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
         self.settings = settings_module.load(
             env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0, **settings}
@@ -212,6 +204,7 @@ class AppDriver:
                     if rewound_now or self._unfetched(p):
                         rewound.append(p)
             if not rewound:
+                self.stops.raise_new()  # the stops of the call ending now, once its work is done
                 return
             for p in rewound:
                 self._pump(p)
@@ -228,14 +221,17 @@ class AppDriver:
         """The process dies: open transactions are lost. A new owner fences, reads the committed offset and restores
         the state from the committed changelog, then goes on from there."""
         for p in [partition] if partition is not None else list(self.tasks):
-            self._take_over(p)
+            try:
+                self._take_over(p)
+            except StateVersionError as e:  # at the restore: the runtime's process ends
+                self.stops.restore_refused(p, e)
         self._run()
 
     # -- reading -------------------------------------------------------------------------------------------------
     @property
     def outputs(self) -> list[Produced]:
         """Committed outputs on the output topic, in (partition, offset) order."""
-        return [self._decode(self.output_topic, r) for r in self.broker.committed_records(self.output_topic)]
+        return [decoded(self.app, self.output_topic, r) for r in self.broker.committed_records(self.output_topic)]
 
     @property
     def dead_letters(self) -> list[DeadLetter]:
@@ -279,10 +275,15 @@ class AppDriver:
             global_tables={name: dump(spec.topic) for name, spec in self.app.global_table_specs.items()},
         )
 
+    @property
+    def stopped(self) -> dict[int, PartitionStopped]:
+        """The partitions stopped now, and why (a take-over starts p again)."""
+        return self.stops.stopped
+
     def verify(self) -> Verdict:
-        """The checker's verdict (pipeline verify) over everything committed so far."""
+        """The checker's verdict (pipeline verify) over everything committed so far; not ok while p is stopped."""
         self.commit()
-        return check(self.app, self.run_data())
+        return self.stops.judged(check(self.app, self.run_data()))
 
     # -- the runner's part ---------------------------------------------------------------------------------------
     def _runtime_app(self, app: App) -> App:
@@ -318,6 +319,7 @@ class AppDriver:
         for topic, offset in committed.items():
             self.consumer.positions[(topic, p)] = offset or 0
         self.consumer.paused.discard(p)
+        self.stops.started(p)
         if task.phase is Phase.RESTORING:
             if self.app.stateful:
                 end = self.broker.next_offsets[(self.changelog_topic, p)]
@@ -361,8 +363,9 @@ class AppDriver:
             self._pump(p)
         if self.auto_commit:
             self.commit()
+        self.stops.raise_new()
         return [
-            self._decode(topic, record)
+            decoded(self.app, topic, record)
             for topic, record in self.broker.produced[first:]
             if topic not in (self.changelog_topic, self.dead_letter_topic)
         ]
@@ -419,8 +422,8 @@ class AppDriver:
         return any(self.consumer.positions[(t, p)] < len(self.broker.records[(t, p)]) for t in self.topics)
 
     def _guarded(self, task: KafkaTask, step: Callable[..., None], *args: Any) -> None:
-        """As the runner's: an aborted transaction rewinds, a poison record with ON_POISON=stop stops p after
-        committing what came before. A dropped partition (fenced) is raised to the test."""
+        """As the runner's: an aborted transaction rewinds, a stop (a mistake in the code, ON_POISON=stop, a storm)
+        stops p after committing what came before (raised at the call's end). A dropped partition is raised."""
         try:
             step(*args)
         except TransactionAborted:
@@ -433,16 +436,4 @@ class AppDriver:
             log_stop(task.partition, task.next_offset, e)
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
-            if self.strict:  # the test fails here, not with a missing output later
-                raise
-
-    def _decode(self, topic: str, record: KafkaRecord) -> Produced:
-        app, headers = self.app, list(record.headers)
-        return Produced(
-            app.output_key_serde.deserialize(record.key),
-            app.output_value_serde.deserialize(record.value),
-            topic,
-            record.partition,
-            decode_source(headers),
-            decode_timer(headers),
-        )
+            self.stops.stopped_at(task.partition, task.next_offset, e)

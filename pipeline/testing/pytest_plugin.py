@@ -21,8 +21,10 @@ from pipeline.testing.driver import AppDriver
 
 @pytest.fixture
 def pipeline_driver() -> Callable[..., AppDriver]:
-    """AppDriver(app, partitions=1, wall_clock_ms=0, auto_commit=True, strict=True, **settings) for this test: strict
-    by default (a state value changed in place but not assigned back is an error, a stopped partition raises)."""
+    """AppDriver(app, partitions=1, wall_clock_ms=0, auto_commit=True, strict=True, on_stop="raise", **settings) for
+    this test: strict by default (a state value changed in place but not assigned back is an error), and a partition
+    stopped as the runtime stops it raises PartitionStopped from the call (on_stop="record": the runtime's behaviour,
+    `driver.stopped` and a failing `verify()`)."""
 
     def make(app: App, **options: Any) -> AppDriver:
         return AppDriver(app, **{"strict": True, **options})

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.app import App, Output, Record, State
 from pipeline.state.versions import StateVersionError
-from pipeline.testing.driver import AppDriver
+from pipeline.testing.driver import AppDriver, PartitionStopped
 
 
 def process(state: State, record: Record) -> Iterable[Output]:
@@ -63,5 +63,6 @@ def test_a_good_app_with_every_function_is_accepted() -> None:
 def test_a_migrate_that_returns_none_is_refused_with_a_clear_error() -> None:
     driver = AppDriver(App("v", "in", "out", process))
     driver.send("a", {"n": 1})
-    with pytest.raises(StateVersionError, match=r"migrate\(1, value of state key 'a'\) returned None"):
+    with pytest.raises(PartitionStopped, match=r"migrate\(1, value of state key 'a'\) returned None") as stopped:
         driver.deploy(App("v", "in", "out", process, state_version=2, migrate=lambda version, value: None))
+    assert isinstance(stopped.value.__cause__, StateVersionError)

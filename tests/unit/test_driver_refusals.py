@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.app import App, Output, Record, State, Timer
 from pipeline.core.processing import CodeStop
-from pipeline.testing.driver import AppDriver
+from pipeline.testing.driver import AppDriver, PartitionStopped
 from pipeline.testing.pytest_plugin import pipeline_driver  # noqa: F401 - the fixture, as users import it
 
 
@@ -61,9 +61,11 @@ def test_strict_mode_finds_a_state_value_changed_in_place_and_not_assigned(proce
     if process is mutates:
         driver.send("k", "assign")  # assigned back: fine
         assert driver.state() == {"k": {"n": 1}}
-    with pytest.raises(CodeStop, match=r"process changed the value of state\['k'\] in place without assigning") as stop:
+    with pytest.raises(
+        PartitionStopped, match=r"process changed the value of state\['k'\] in place without assigning"
+    ) as stop:
         driver.send("k", "forget")
-    assert "assign it back: value = state[key]" in stop.value.fix
+    assert "assign it back: value = state[key]" in stop.value.fix and isinstance(stop.value.__cause__, CodeStop)
 
 
 def test_strict_mode_watches_on_timer_too() -> None:
@@ -78,7 +80,7 @@ def test_strict_mode_watches_on_timer_too() -> None:
 
     driver = AppDriver(App("t", "in", "out", schedule, on_timer=fired), strict=True)
     driver.send("a", 1, timestamp_ms=0)
-    with pytest.raises(CodeStop, match=r"on_timer changed the value of state\['seen'\]"):
+    with pytest.raises(PartitionStopped, match=r"on_timer changed the value of state\['seen'\]"):
         driver.send("b", 1, timestamp_ms=10)
 
 

@@ -18,7 +18,7 @@ from pipeline.core.deadletter import DeadLetter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import CodeStop, PoisonRecordStop
 from pipeline.core.task import DeadLetterStorm
-from pipeline.testing.driver import AppDriver
+from pipeline.testing.driver import AppDriver, PartitionStopped
 from pipeline.testing.oracle import check
 from pipeline.testing.oracle.records import KafkaRecord
 from tests.harness import DLQ, INPUT, OUTPUT, Harness, msg, poison
@@ -48,12 +48,15 @@ def test_a_wrong_return_type_stops_the_partition_at_once_naming_process_the_reco
 ) -> None:
     value, said = WRONG_RETURNS[name]
     driver = AppDriver(returning(value), processing_max_attempts=5)
-    assert driver.send("k", {"x": 1}) == []
+    with pytest.raises(PartitionStopped) as stopped:  # the driver's default: the test fails at the call
+        driver.send("k", {"x": 1})
     assert driver.tasks[0].phase is Phase.STOPPED
     assert driver.dead_letters == [] and driver.committed_offset() is None and driver.state() == {}
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert said in error.message and "in[0]@0" in error.message
     assert "return a list of Output" in error.message and "STOPPED at its first record" in error.message
+    assert str(stopped.value) == error.message  # the runtime's ERROR: the partition, the record, the cause, the fix
+    assert isinstance(stopped.value.__cause__, CodeStop) and stopped.value.partition == 0
 
 
 def test_the_postgres_sink_checks_what_process_returns_on_its_first_attempt() -> None:
@@ -87,7 +90,8 @@ def test_a_timer_scheduled_without_on_timer_stops_the_partition_at_once(
     app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
     driver = AppDriver(app, processing_max_attempts=5)
-    driver.send("k", {"at": 10})
+    with pytest.raises(PartitionStopped, match="has no on_timer"):
+        driver.send("k", {"at": 10})
     assert driver.tasks[0].phase is Phase.STOPPED and driver.dead_letters == []
     assert "has no on_timer" in caplog.text and "give the App on_timer=..." in caplog.text
 
@@ -95,7 +99,8 @@ def test_a_timer_scheduled_without_on_timer_stops_the_partition_at_once(
 def test_an_on_timer_returning_the_wrong_type_stops_the_partition_at_once(caplog: pytest.LogCaptureFixture) -> None:
     driver = AppDriver(App("t", "in", "out", schedule, on_timer=lambda state, timer: None), processing_max_attempts=5)
     driver.send("a", {"at": 10}, timestamp_ms=0)
-    driver.send("b", {"at": 99}, timestamp_ms=10)  # a's timer is due before b
+    with pytest.raises(PartitionStopped, match="on_timer returned None"):
+        driver.send("b", {"at": 99}, timestamp_ms=10)  # a's timer is due before b
     assert driver.tasks[0].phase is Phase.STOPPED and driver.committed_offset() == 1
     assert "on_timer returned None" in caplog.text and "0:1:stream:10:a" in caplog.text
 
@@ -185,8 +190,9 @@ def send_all(driver: AppDriver, values: list[str]) -> None:
 
 def test_a_storm_of_one_error_type_stops_the_partition_at_the_nth_failure(caplog: pytest.LogCaptureFixture) -> None:
     driver = AppDriver(STORMY, dead_letter_storm=3, processing_max_attempts=1)
-    send_all(driver, ["ok", "key", "key", "key", "key"])
-    assert driver.tasks[0].phase is Phase.STOPPED
+    with pytest.raises(PartitionStopped, match="dead-letter storm") as stopped:
+        send_all(driver, ["ok", "key", "key", "key", "key"])
+    assert isinstance(stopped.value.__cause__, DeadLetterStorm) and driver.tasks[0].phase is Phase.STOPPED
     assert [d.offset for d in driver.dead_letters] == [1, 2] and driver.committed_offset() == 3
     assert "dead-letter storm: 3 records in a row failed with KeyError (from in[0]@1" in caplog.text
     assert "DEAD_LETTER_STORM=3" in caplog.text and "in[0]@3" in caplog.text
@@ -213,7 +219,8 @@ def test_the_guard_is_off_at_zero_and_on_by_default() -> None:
     send_all(driver, ["key"] * 150)
     assert len(driver.dead_letters) == 150 and driver.tasks[0].phase is Phase.RUNNING
     default = AppDriver(STORMY, processing_max_attempts=1)
-    send_all(default, ["key"] * 150)
+    with pytest.raises(PartitionStopped, match="DEAD_LETTER_STORM=100 sets"):
+        send_all(default, ["key"] * 150)
     assert len(default.dead_letters) == 99 and default.tasks[0].phase is Phase.STOPPED
 
 
@@ -221,7 +228,8 @@ def test_aborted_transactions_neither_count_their_dead_letters_twice_nor_forget_
     driver = AppDriver(STORMY, dead_letter_storm=3, processing_max_attempts=1, test_abort_every=2)
     send_all(driver, ["key", "key"])  # the second one's transaction aborts, and it is processed again
     assert len(driver.dead_letters) == 2 and driver.tasks[0].phase is Phase.RUNNING
-    send_all(driver, ["key"])
+    with pytest.raises(PartitionStopped, match="dead-letter storm: 3 records in a row"):
+        send_all(driver, ["key"])
     assert driver.tasks[0].phase is Phase.STOPPED and len(driver.dead_letters) == 2
 
 
@@ -237,6 +245,7 @@ def test_a_storm_of_failing_timers_stops_the_partition() -> None:
         raise RuntimeError("bug")
 
     driver = AppDriver(App("t", "in", "out", schedule, on_timer=broken), dead_letter_storm=3, processing_max_attempts=1)
-    for i in range(6):  # each record makes the one before's timer due; the records themselves succeed
-        driver.send(f"k{i}", {"at": i}, timestamp_ms=i)
+    with pytest.raises(PartitionStopped, match=r"on_timer\(timer 0:3:stream:2:k2.*dead-letter storm"):
+        for i in range(6):  # each record makes the one before's timer due; the records themselves succeed
+            driver.send(f"k{i}", {"at": i}, timestamp_ms=i)
     assert driver.tasks[0].phase is Phase.STOPPED and len(driver.dead_letters) == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.state.versions import StateVersionError, current_value, tag, untag
-from pipeline.testing.driver import AppDriver
+from pipeline.testing.driver import AppDriver, PartitionStopped
 from tests.snapshots.versioned_app import v1, v2
 
 
@@ -39,5 +39,8 @@ def test_state_written_by_a_newer_version_refuses_to_start() -> None:
     totals(driver, ("a", 1))
     driver.deploy(v2)
     totals(driver, ("a", 1))
-    with pytest.raises(StateVersionError, match="written by state version 2, this code is at version 1"):
+    with pytest.raises(
+        PartitionStopped, match=r"p0: STOPPED at its restore: .*written by state version 2, this code is at version 1"
+    ) as stopped:
         driver.deploy(v1)  # a rollback
+    assert isinstance(stopped.value.__cause__, StateVersionError)

@@ -13,7 +13,7 @@ from pipeline.core.provenance import TimerSource
 from pipeline.examples.windowed_totals import app as windowed
 from pipeline.state import PartitionState
 from pipeline.state.timed import STREAM_TIME_KEY, TimedState
-from pipeline.testing.driver import AppDriver
+from pipeline.testing.driver import AppDriver, PartitionStopped
 from pipeline.testing.oracle import RunData, TopicDump, check
 from pipeline.testing.oracle.records import KafkaRecord
 
@@ -161,7 +161,8 @@ def test_an_on_timer_that_keeps_failing_stops_the_partition_before_the_record_wi
 
     driver = AppDriver(App("broken", "in", "out", schedule_each, on_timer=broken), on_poison="stop")
     driver.send("a", {"id": 1, "at": 10}, timestamp_ms=0)
-    driver.send("b", {"id": 2, "at": 10**9}, timestamp_ms=10)
+    with pytest.raises(PartitionStopped, match=r"on_timer\(timer 0:1:stream:10:a .* failed 3 times: RuntimeError"):
+        driver.send("b", {"id": 2, "at": 10**9}, timestamp_ms=10)
     assert driver.tasks[0].phase is Phase.STOPPED
     assert driver.committed_offset() == 1 and [o.value for o in driver.outputs] == [{"record": 1}]
 
