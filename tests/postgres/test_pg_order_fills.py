@@ -1,7 +1,8 @@
 """order_fills on the PostgreSQL sink (pipeline/examples/order_fills_pg.py): two co-partitioned inputs merged in
 timestamp order and a global table, written by real `pipeline run` processes to a real PostgreSQL under SIGKILLs and a
-SIGSTOP zombie. Every test asserts the table checker's verdict, which replays the order pipeline_merge_order recorded,
-and order_fills.check (no fill counted twice, filled/remaining as folded, desk versions never going back)."""
+SIGSTOP zombie; and a co-partitioned table (tests/postgres/limits_app.py) under SIGKILLs. Every test asserts the
+table checker's verdict, which replays the order pipeline_merge_order recorded, and for order_fills its own check
+(no fill counted twice, filled/remaining as folded, desk versions never going back)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from pipeline.examples import order_fills
 from pipeline.loading import load_app
 from pipeline.testing.faults import FAULTS, FaultRun, Outcome
 from tests.faults.conftest import busiest_owner
+from tests.postgres import limits_app
 
 pytestmark = pytest.mark.postgres
 SPEC = "pipeline.examples.order_fills_pg:app"
+LIMITS_APP = "tests.postgres.limits_app:app"
 PARTITIONS = 3
 
 
@@ -26,10 +29,10 @@ PARTITIONS = 3
 def pg_fault_run(kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path) -> Iterator:
     runs: list[FaultRun] = []
 
-    def make(**env: str) -> FaultRun:
+    def make(spec: str = SPEC, **env: str) -> FaultRun:
         settings = {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()}
         run = FaultRun(
-            load_app(SPEC), SPEC, kafka_bootstrap, PARTITIONS, tmp_path / "logs", settings, postgres_dsn=postgres_dsn
+            load_app(spec), spec, kafka_bootstrap, PARTITIONS, tmp_path / "logs", settings, postgres_dsn=postgres_dsn
         )
         runs.append(run)
         return run
@@ -72,3 +75,22 @@ def test_order_fills_on_postgres_exactly_once_with_a_zombie(pg_fault_run):
     outcome = run.finish()
     assert_exactly_once_with_fills(outcome)
     assert "lost [" in zombie.log_path.read_text(), "the zombie never noticed it lost its partitions"
+
+
+def test_a_co_partitioned_table_on_postgres_exactly_once_under_sigkill_rounds(pg_fault_run):
+    """Each take-over restores the table from its topic to the end, ahead of the trades processed again: the checker
+    loads what the restore read where the next transaction began, and compares every output's value (the limit the
+    trade saw)."""
+    run = pg_fault_run(LIMITS_APP)
+    run.feed(list(limits_app.generate(6_000, PARTITIONS, 33)), seconds=10)
+    fleet = run.start(2)
+    busiest_owner(run, fleet)
+    rng = random.Random(33)
+    for _ in range(3):
+        time.sleep(rng.uniform(1.0, 2.5))
+        FAULTS["sigkill"].inject(fleet, rng)
+    outcome = run.finish()
+    assert outcome.verdict is not None, f"did not catch up, lag per partition {outcome.stuck}\n{outcome.logs}"
+    assert outcome.verdict.ok, outcome.verdict.summary() + "\n" + outcome.logs[-20_000:]
+    assert not outcome.exited, "instances exited by themselves:\n" + "\n".join(outcome.exited)
+    assert outcome.verdict.outputs > 1_000 and outcome.verdict.dead_letters > 0, outcome.verdict.summary()
