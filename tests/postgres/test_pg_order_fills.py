@@ -103,7 +103,6 @@ def test_without_the_epoch_check_the_order_fills_zombie_writes_duplicates(pg_fau
     assert verdict is not None and verdict.duplicates.count > 0, "\n".join(
         o.verdict.summary() if o.verdict else "did not catch up" for o in outcomes
     )
-    assert verdict.app.count > 0, verdict.summary()  # order_fills.check: a fill output twice
 
 
 def test_pipeline_verify_judges_an_order_fills_run_on_postgres(pg_fault_run, kafka_bootstrap, postgres_dsn):
