@@ -86,7 +86,13 @@ class FillsSink:
         )
         return [
             # The output's partition is the fill's (order_fills._accept): the input partition p.
-            StoredOutput(row_id, p, offset, Output(key=values[0], value=dict(zip(FIELDS, values)), partition=p), index)
+            StoredOutput(
+                row_id,
+                p,
+                offset,
+                Output(key=values[0], value=dict(zip(FIELDS, values, strict=True)), partition=p),
+                index,
+            )
             for row_id, p, offset, index, *values in conn.execute(query)
         ]
 
