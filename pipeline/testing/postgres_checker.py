@@ -191,8 +191,9 @@ def not_folded(dead: Mapping[Coord, list[DeadLetterEntry]]) -> set[Coord]:
 
 
 def table_reference(app: App, run: TableRun, data: RunData, skip: Collection[Coord], found: Findings) -> Reference:
-    """The offline fold: for several inputs in the order the merge-order rows name."""
-    if not app.multi_input:
+    """The offline fold: for several inputs in the order the merge-order rows name; an App reading global tables with
+    them as of each record's timestamp (pipeline/testing/oracle/inputs.py), one input or several."""
+    if not (app.multi_input or app.global_tables):
         return fold_reference(
             app, run.inputs.records, input_topic=run.input_topic, output_topic=app.output_topic, skip=skip
         )
@@ -210,7 +211,7 @@ def check_tables(app: App, run: TableRun) -> Verdict:
         changelog_records=sum(len(s) for s in run.states.values()),
         final_outputs=out_records,
     )
-    inputs = all_inputs(data) if app.multi_input else {record.coord: record for record in run.inputs.records}
+    inputs = all_inputs(data)  # one input: (partition, offset) coordinates, as before
     dead = parse_dead_letters(dlq_records, topics_of(data), verdict.content)
     reference = table_reference(app, run, data, not_folded(dead), verdict.content)
     by_source = outputs_by_source(out_records)

@@ -99,3 +99,24 @@ def test_a_transaction_that_begins_past_or_before_what_was_taken_is_found() -> N
     for transactions, finding in ((skipped, "skipped"), (again, "before records taken already")):
         verdict = check_tables(app, out_of_timestamp_order(transactions))
         assert any(finding in problem.detail for problem in verdict.content.samples), verdict.summary()
+
+
+def desk_of(state: State, record: Record) -> Iterable[Output]:
+    return [Output(key=record.key, value={"desk": state.tables["desks"].get(record.key)})]
+
+
+def test_a_one_input_app_reading_a_global_table_is_folded_with_the_table() -> None:
+    """Red before: the one-input fold gave `process` no tables (KeyError: every record a failure)."""
+    desks = App(name="pgd", input_topic="pgd-in", output_topic="", process=desk_of, global_tables={"desks": "pgd-g"})
+    run = TableRun(
+        "pgd-in",
+        TopicDump("pgd-in", [KafkaRecord(0, 0, b"a", b"{}", (), 20)], {0: 1}),
+        [StoredOutput(1, 0, 0, Output(key="a", value={"desk": "d1"}))],
+        [],
+        {},
+        {0: (1, 1)},
+        [],
+        global_tables={"desks": TopicDump("pgd-g", [KafkaRecord(0, 0, b"a", b'"d1"', (), 10)], {0: 1})},
+    )
+    verdict = check_tables(desks, run)
+    assert verdict.ok, verdict.summary()

@@ -77,7 +77,7 @@ def prepare(args: argparse.Namespace, suffix: str) -> tuple[App, int]:
     create_topics(args.bootstrap_servers, {t: PARTITIONS for t in [*streams, app.output_topic]})
     tables = [t.topic for t in app.global_table_specs.values()]
     create_topics(args.bootstrap_servers, dict.fromkeys(tables, PARTITIONS), config={"cleanup.policy": "compact"})
-    records = [(topic + suffix, *rest) for topic, *rest in order_fills.generate(args.records, PARTITIONS, 7)]
+    records = [(f"{topic}{suffix}", *rest) for topic, *rest in order_fills.generate(args.records, PARTITIONS, 7)]
     produce_paced(args.bootstrap_servers, None, records, 0)
     return app, sum(1 for r in records if r[0] in streams)
 
