@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.app import HELD_HEADER, App, Output
+from pipeline.serde import JSON
+
 PREFIX = "eos.dlq."
 
 
@@ -56,3 +59,22 @@ class DeadLetter:
             rejected=fields.get("rejected") == "1",
             timer=fields.get("timer", ""),
         )
+
+
+def held_dead_letter(app: App, output: Output) -> DeadLetter:
+    """The dead letter of a record `process` held earlier (`app.dead_letter`, an output to DEAD_LETTERS): its bytes
+    as its input's serdes write them, and its own coordinates, so that the checker counts it as that record's fate.
+    Both sinks write it in the transaction of the output that released it."""
+    meta = JSON.deserialize(dict(output.headers)[HELD_HEADER])
+    stream = app.stream(meta["topic"])  # the held record says its input as the App declares it
+    return DeadLetter(
+        stream.topic,
+        meta["partition"],
+        meta["offset"],
+        stream.key_serde.serialize(output.key),
+        stream.value_serde.serialize(output.value),
+        meta["error_type"],
+        meta["message"],
+        1,
+        rejected=True,
+    )

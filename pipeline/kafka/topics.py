@@ -76,18 +76,7 @@ def ensure_topics(
     counts = partition_counts(
         admin, timeout_s, needed=(input_topic, *co_partitioned, *global_tables, output_topic, *internal, *single)
     )
-    named = [("INPUT_TOPIC", input_topic), *(("the App's inputs and tables", t) for t in co_partitioned)]
-    named += [*(("the App's global tables", t) for t in global_tables), ("OUTPUT_TOPIC", output_topic)]
-    for setting, topic in named:
-        if topic not in counts:
-            raise ConfigError(f"{setting}: topic {topic!r} does not exist (create it: pipeline topics create ...)")
-    partitions = counts[input_topic]
-    if unequal := {t: counts[t] for t in co_partitioned if counts[t] != partitions}:
-        raise ConfigError(
-            f"the App's inputs and tables are co-partitioned (a task reads partition p of each), so they need the "
-            f"same partition count: {input_topic!r} has {partitions}, "
-            + ", ".join(f"{t!r} has {n}" for t, n in unequal.items())
-        )
+    partitions = require_inputs(counts, input_topic, co_partitioned, global_tables, output_topic)
     missing = [
         NewTopic(name, partitions, replication_factor, config=config)
         for name, config in internal.items()
@@ -104,6 +93,32 @@ def ensure_topics(
                 f"topic {name!r} has {counts[name]} partitions but INPUT_TOPIC {input_topic!r} has {partitions}: "
                 "partition p of both must belong together; recreate it with the input's partition count"
             )
+    return partitions
+
+
+def require_inputs(
+    counts: Mapping[str, int],
+    input_topic: str,
+    co_partitioned: Sequence[str] = (),
+    global_tables: Sequence[str] = (),
+    output_topic: str = "",
+) -> int:
+    """ConfigError naming the setting for a topic the App reads (or writes, `output_topic`; "": none) that does not
+    exist, and naming every count when the co-partitioned topics' partition counts differ; the input's count. Both
+    sinks check so at start-up."""
+    named = [("INPUT_TOPIC", input_topic), *(("the App's inputs and tables", t) for t in co_partitioned)]
+    named += [("the App's global tables", t) for t in global_tables]
+    named += [("OUTPUT_TOPIC", output_topic)] if output_topic else []
+    for setting, topic in named:
+        if topic not in counts:
+            raise ConfigError(f"{setting}: topic {topic!r} does not exist (create it: pipeline topics create ...)")
+    partitions = counts[input_topic]
+    if unequal := {t: counts[t] for t in co_partitioned if counts[t] != partitions}:
+        raise ConfigError(
+            f"the App's inputs and tables are co-partitioned (a task reads partition p of each), so they need the "
+            f"same partition count: {input_topic!r} has {partitions}, "
+            + ", ".join(f"{t!r} has {n}" for t, n in unequal.items())
+        )
     return partitions
 
 

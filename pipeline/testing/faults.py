@@ -152,7 +152,8 @@ class FaultRun:
     def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
         """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""
         assert self.fleet is not None  # start() came first
-        target = Target(tables.schema, self.app, self.app_id, self.input_topic)
+        app = self.run_app if self.several else self.app  # several inputs: the topics with this run's suffix
+        target = Target(tables.schema, app, self.app_id, self.input_topic)
         lag = postgres_checker.wait_caught_up(
             self.bootstrap, tables.dsn, target, range(self.partitions), timeout_s, self.client_config
         )
@@ -160,7 +161,7 @@ class FaultRun:
         if lag:
             return Outcome(None, lag, [], self.fleet.logs(), exited)
         verdict = postgres_checker.verify_tables(
-            self.app,
+            app,
             self.bootstrap,
             tables.dsn,
             schema=tables.schema,

@@ -18,13 +18,21 @@ from pipeline.examples.running_totals_pg import TotalsSink
 from pipeline.settings import ConfigError, Settings
 from pipeline.sinks.postgres.schema import (
     COMPONENT,
+    DEAD_LETTERS,
+    INPUT_INDEX,
     LATEST_VERSION,
+    MERGE_ORDER,
+    OFFSETS,
+    REJECTED,
     SCHEMA_VERSION,
+    STATE,
     PostgresSetupError,
+    Table,
     connect_checked,
     ensure_schema,
     prepare_database,
 )
+from pipeline.sinks.postgres.tables import BytesOutputs
 from tests.plugins.postgres import connect
 from tests.support import eventually
 
@@ -50,6 +58,7 @@ def test_schema_is_created_once_and_start_up_is_idempotent(postgres_dsn, pg_sche
         "pipeline_offsets",
         "pipeline_state",
         "pipeline_dead_letters",
+        "pipeline_merge_order",
         "outputs",
         "totals",
     }
@@ -114,6 +123,57 @@ def _pid_waiting_for_a_lock(conn, application_name: str) -> int | None:
         "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'", (application_name,)
     ).fetchone()
     return row[0] if row else None
+
+
+def version_1(schema: str, conn) -> None:
+    """The tables as release 1 created them: no merge order, no dead letters' rejected, no outputs' input_index."""
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    for table in (SCHEMA_VERSION, OFFSETS, STATE, DEAD_LETTERS, BytesOutputs.TABLE):
+        old = Table(table.name, tuple(c for c in table.columns if c not in (REJECTED, INPUT_INDEX)), table.primary_key)
+        conn.execute(old.create_sql(schema))
+    conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, 1)").format(SCHEMA_VERSION.ident(schema)), (COMPONENT,))
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (app_id, topic, input_partition, next_offset, epoch, owner) VALUES ('a', 't', 0, 7, 3, 'o')"
+        ).format(OFFSETS.ident(schema))
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (app_id, topic, input_partition, input_offset, error_type, error_message, attempts) "
+            "VALUES ('a', 't', 0, 5, 'poison', 'm', 3)"
+        ).format(DEAD_LETTERS.ident(schema))
+    )
+    conn.execute(
+        sql.SQL("INSERT INTO {} (app_id, input_partition, input_offset, value) VALUES ('a', 0, 6, 'v')").format(
+            BytesOutputs.TABLE.ident(schema)
+        )
+    )
+
+
+def test_a_start_on_a_version_1_schema_migrates_it_and_keeps_its_rows(postgres_dsn):
+    """Red with migration 2 left out: the start stops on the missing columns and table."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    try:
+        with connect(postgres_dsn, autocommit=True) as conn:
+            version_1(schema, conn)
+        assert prepare_database(postgres_dsn, {}, schema, BytesOutputs.tables, 20) == LATEST_VERSION == 2
+        with connect(postgres_dsn, autocommit=True) as conn:
+            version = conn.execute(sql.SQL("SELECT version FROM {}").format(SCHEMA_VERSION.ident(schema))).fetchone()
+            offsets = conn.execute(
+                sql.SQL("SELECT next_offset, epoch FROM {}").format(OFFSETS.ident(schema))
+            ).fetchall()
+            letters = conn.execute(
+                sql.SQL("SELECT input_offset, rejected FROM {}").format(DEAD_LETTERS.ident(schema))
+            ).fetchall()
+            outputs = conn.execute(
+                sql.SQL("SELECT input_offset, input_index FROM {}").format(BytesOutputs.TABLE.ident(schema))
+            ).fetchall()
+            order = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(MERGE_ORDER.ident(schema))).fetchone()
+        assert version == (2,) and offsets == [(7, 3)] and letters == [(5, False)] and outputs == [(6, 0)]
+        assert order == (0,)
+    finally:
+        with connect(postgres_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 def test_a_table_that_does_not_match_stops_the_start_with_every_difference(postgres_dsn, pg_schema):

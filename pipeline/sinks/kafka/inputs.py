@@ -26,6 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from pipeline.app import Record
 from pipeline.core.lifecycle import Phase
+from pipeline.core.merge import OrderRuns, merge_order, must_wait, next_run
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.kafka.records import Consumed
 from pipeline.serde import skip_bytes_deserialize
@@ -51,10 +52,9 @@ class MultiInputTask(KafkaTask):
         self.next_offsets: dict[str, int | None] = dict.fromkeys(self.topics)
         self._queues: dict[str, deque[Consumed]] = {topic: deque() for topic in self.topics}
         self._empty_since = dict.fromkeys(self.topics, time.monotonic())
-        # Tables first on equal timestamps: a stream record sees the table as of its own time, inclusive.
-        self._merge_order = sorted(self.topics, key=lambda t: (t not in self.tables, self._index[t]))
+        self._merge_order = merge_order(self.topics, self.tables)
         self._rank = {topic: i for i, topic in enumerate(self._merge_order)}
-        self._runs: list[list[int]] = []  # [input index, count] of the open transaction, in the order taken
+        self._runs = OrderRuns()  # of the open transaction, in the order taken
         self._idle_s = self.settings.max_task_idle_ms / 1000
 
     def table_views(self) -> dict[str, Mapping[Any, Any]]:
@@ -119,36 +119,15 @@ class MultiInputTask(KafkaTask):
             self._process_merged(merged)
 
     def _next_run(self) -> list[Consumed]:
-        """The records that can be taken now, in order: again and again the queue whose head has the smallest timestamp
-        (ties: the merge order) gives its records up to the next smallest head; until a queue runs dry (the next call
-        decides whether to wait for it) or none holds records."""
-        now, queues, rank = time.monotonic(), self._queues, self._rank
-        ready = []
-        for topic in self._merge_order:
-            if queues[topic]:
-                ready.append(topic)
-            elif self._must_wait(topic, now):
-                return []
-        taken: list[Consumed] = []
-        while ready:
-            keys = {t: (queues[t][0].timestamp()[1], rank[t]) for t in ready}
-            best = min(ready, key=keys.__getitem__)
-            bound = min((keys[t] for t in ready if t != best), default=None)
-            queue = queues[best]
-            while queue and (bound is None or (queue[0].timestamp()[1], rank[best]) < bound):
-                taken.append(queue.popleft())
-            if not queue:
-                self._empty_since[best] = now  # ran dry now: a wait for it starts now
-                break
-        return taken
+        """The records that can be taken now, in timestamp order (pipeline/core/merge.py: next_run)."""
+        return next_run(
+            self._queues, self._merge_order, self._rank, self._empty_since, self._must_wait, time.monotonic()
+        )
 
     def _must_wait(self, topic: str, now: float) -> bool:
-        """Whether an empty queue holds the others back: its topic has records on the broker not fetched yet (or its
-        end is not known yet), for at most MAX_TASK_IDLE_MS since it ran dry."""
-        if self._idle_s < 0 or now - self._empty_since[topic] >= self._idle_s:
-            return False
+        """Whether an empty queue holds the others back (pipeline/core/merge.py: must_wait)."""
         _, end = self.ctx.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)
-        return end < 0 or (self.next_offsets[topic] or 0) < end
+        return must_wait(self._idle_s, self._empty_since[topic], now, end, self.next_offsets[topic])
 
     def _process_merged(self, merged: list[Consumed]) -> None:
         """KafkaTask.process's loop, for records of several topics: the source header names the topic, a table's
@@ -163,10 +142,7 @@ class MultiInputTask(KafkaTask):
             if not self.batch_open:
                 self._begin()
             i = index[topic]
-            if runs and runs[-1][0] == i:
-                runs[-1][1] += 1
-            else:
-                runs.append([i, 1])
+            runs.note(i)
             if topic in tables:
                 tables[topic].apply(msg.key(), msg.value())
             else:
@@ -211,7 +187,7 @@ class MultiInputTask(KafkaTask):
     def prepare_commit(self) -> list[TopicPartition]:
         """Step 1: p's state changes and a checkpoint naming every topic's next offset and the order taken; the
         offsets of every topic with a position for step 2."""
-        order = ",".join(f"{i}:{n}" for i, n in self._runs)
+        order = self._runs.encode()
         checkpoint = Checkpoint(self.input_topic, self.partition, self.next_offset, dict(self.next_offsets), order)
         self._stage_changelog(checkpoint)
         self._staged += 1
@@ -222,13 +198,13 @@ class MultiInputTask(KafkaTask):
         for table in self.tables.values():
             table.commit()
         self.committed_offsets = dict(self.next_offsets)
-        self._runs = []
+        self._runs.clear()
 
     def rewind(self) -> None:
         for table in self.tables.values():
             table.undo_transaction()
         self.next_offsets = dict(self.committed_offsets)
-        self._runs = []
+        self._runs.clear()
         for queue in self._queues.values():
             queue.clear()
         super().rewind()

@@ -30,8 +30,8 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Output, Record, checked_outputs
-from pipeline.core.deadletter import DeadLetter
+from pipeline.app import DEAD_LETTERS, App, Output, Record, checked_outputs
+from pipeline.core.deadletter import DeadLetter, held_dead_letter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
@@ -41,7 +41,7 @@ from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.serde import JSON, identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state import PartitionState
@@ -211,19 +211,7 @@ class KafkaTask(Task):
     def _held_dead_letter(self, output: Output) -> Encoded:
         """The dead letter of a record `process` held earlier (app.dead_letter): its bytes as its input's serdes
         write them, the dead-letter headers naming its own coordinates."""
-        meta = JSON.deserialize(dict(output.headers)[HELD_HEADER])
-        stream = self.app.stream(meta["topic"])  # the held record says its input as the App declares it
-        letter = DeadLetter(
-            stream.topic,
-            meta["partition"],
-            meta["offset"],
-            stream.key_serde.serialize(output.key),
-            stream.value_serde.serialize(output.value),
-            meta["error_type"],
-            meta["message"],
-            1,
-            rejected=True,
-        )
+        letter = held_dead_letter(self.app, output)
         self.metrics.dead_letters.inc()
         return (self.ctx.dead_letter_topic, letter.key, letter.value, self.partition, letter.headers())
 

@@ -1,5 +1,5 @@
 """The runner of the PostgreSQL sink: one consumer per process, one PostgresTask per owned input partition, and the
-database transaction that commits each partition's batch (`commit_batch`, below).
+database transaction that commits each partition's batch (`commit_batch`, pipeline/sinks/postgres/commit.py).
 
 Lifecycle of partition p in this process: the task's Phase (pipeline/core/lifecycle.py).
     assigned  -> take over: fence (bump epoch, read the offset) in the callback, assigned there, paused
@@ -30,6 +30,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 
 import psycopg_pool
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
@@ -38,54 +39,27 @@ from prometheus_client import Counter
 
 from pipeline.app import App
 from pipeline.core.configure import configured
-from pipeline.core.lifecycle import Phase
+from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
-from pipeline.kafka.topics import partition_counts
+from pipeline.kafka.topics import partition_counts, require_inputs
 from pipeline.retry import Backoff
 from pipeline.settings import ConfigError, Settings
+from pipeline.sinks.postgres.commit import commit_batch
+from pipeline.sinks.postgres.inputs import PostgresMultiTask, global_tables_for, table_restore_for
 from pipeline.sinks.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.sinks.postgres.tables import sink_of
-from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed, first_line
+from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed
+from pipeline.state.global_tables import GlobalTables, PendingTargets
 
 log = logging.getLogger(__name__)
 FIRST_BACKOFF_S = 0.1
 POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
 # Restoring, or waiting for the seek after the restore: p paused, the loop steps it (the schedule knows which).
 TAKING_OVER = (Phase.RESTORING, Phase.REWINDING)
-
-
-def commit_batch(task: PostgresTask) -> None:
-    """Writes p's batch in ONE database transaction, or raises Fenced / WriteFailed with nothing of it kept (then the
-    task must not be used again: the runner takes p over anew, from what the tables say)."""
-    if not task.batch_open:
-        return
-    ctx, started = task.ctx, time.monotonic()
-    try:
-        with task.connection() as conn, conn.transaction(), conn.cursor() as cur:
-            # 1. p's offset row moves only if p's epoch is still ours (docs/guarantees.md: pg-epoch-fence): first, so
-            #    that a zombie fails at once, and the row stays locked until the COMMIT (a new owner's fence waits).
-            task.advance_offset(cur)
-            # 2. The outputs, through the App's TableSink.
-            if task.rows:
-                ctx.sink.write(cur, ctx.target, task.rows)
-            # 3. p's changed state keys: upserts and deletes.
-            task.write_state(cur)
-            # 4. The batch's dead letters.
-            task.write_dead_letters(cur)
-        # 5. COMMIT, leaving the block: all of it, or none of it.
-    except Fenced:
-        ctx.metrics.transactions.labels(task.label, "fenced").inc()
-        raise
-    except Exception as e:  # server gone, COMMIT outcome unknown, or the sink's statement failed
-        ctx.metrics.transactions.labels(task.label, "failed").inc()
-        raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
-    ctx.metrics.commit_latency.observe(time.monotonic() - started)
-    # 6. The state and the committed offset move forward.
-    task.batch_committed()
 
 
 def refuse_unfit(app: App, settings: Settings) -> None:
@@ -96,11 +70,6 @@ def refuse_unfit(app: App, settings: Settings) -> None:
         raise ConfigError(
             f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
             "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
-        )
-    if app.multi_input or app.global_tables:  # docs/inputs.md
-        raise ConfigError(
-            f"{app.name}: several inputs and tables (inputs, tables, global_tables) are Kafka-sink only; "
-            "SINK=postgres cannot run this App"
         )
 
 
@@ -113,6 +82,7 @@ class PostgresRunner(PollLoop):
         self.app = app = configured(app, settings)
         self.app_id = settings.app_id or app.name
         self.input_topic = app.input_topic
+        self.topics = app.co_partitioned  # what task p reads partition p of: the inputs, then the tables
         self.sink = sink_of(app)
         self.db_errors = Counter(
             "pipeline_postgres_errors",
@@ -121,6 +91,8 @@ class PostgresRunner(PollLoop):
             registry=self.metrics.registry,
         )
         self.tasks: dict[int, PostgresTask] = {}
+        self.global_tables: GlobalTables | None = None  # open() restores them, before joining the group
+        self._awaiting_globals: dict[int, PendingTargets] = {}  # p restored, waits for the global tables' targets
         self._retry_at: dict[int, float] = {}  # p's task is NEW: take p over then
         self._failures: dict[int, int] = {}  # database failures of p in a row
         self._deleted_before_start: dict[int, tuple[str, str]] = {}  # p -> (topic, detail), reported while restoring
@@ -150,13 +122,13 @@ class PostgresRunner(PollLoop):
             return
         s = self.settings
         self._admin = admin = AdminClient({"bootstrap.servers": s.bootstrap_servers, **s.kafka})
-        check_service(
-            admin, Names(self.app_id, self.input_topic, ""), s, stateful=self.app.stateful, phase=BEFORE_TOPICS
+        global_topics = tuple(t.topic for t in self.app.global_table_specs.values())
+        names = Names(self.app_id, self.input_topic, "", co_partitioned=self.topics[1:], global_tables=global_topics)
+        check_service(admin, names, s, stateful=self.app.stateful, phase=BEFORE_TOPICS)
+        needed = [*self.topics, *global_topics]
+        require_inputs(
+            partition_counts(admin, self._timeout_s, needed), self.input_topic, self.topics[1:], global_topics
         )
-        if self.input_topic not in partition_counts(admin, self._timeout_s, needed=[self.input_topic]):
-            raise ConfigError(
-                f"INPUT_TOPIC: topic {self.input_topic!r} does not exist (create it: pipeline topics create ...)"
-            )
         client_id = s.kafka.get("client.id", "")
         owner = f"{socket.gethostname()}:{os.getpid()}" + (f":{client_id}" if client_id else "")
         kwargs = connection_kwargs(s, f"pipeline {self.app_id} {owner}")
@@ -171,6 +143,9 @@ class PostgresRunner(PollLoop):
             open=False,
         )
         self.pool.open(wait=False)
+        if self.app.global_tables:  # before joining the group: before any task processes
+            self.global_tables = global_tables_for(self.app, s, self.app_id, admin, self.metrics)
+            self.global_tables.restore()
         self._ctx = PostgresTaskContext(
             self.app,
             s,
@@ -182,6 +157,8 @@ class PostgresRunner(PollLoop):
             owner,
             pool_wait_s=min(POOL_WAIT_S, self._timeout_s),
             schedule=self.schedule,
+            global_tables=self.global_tables.views if self.global_tables is not None else {},
+            table_restore=partial(table_restore_for, self.app, s, self.app_id, admin) if self.app.table_specs else None,
         )
         self.consumer = Consumer(consumer_config(s, self.app_id))
         log.info(
@@ -199,6 +176,8 @@ class PostgresRunner(PollLoop):
             self._close_partition(p, commit=True)
         if self.consumer is not None:
             self.input.close()
+        if self.global_tables is not None:
+            self.global_tables.close()
         self._threads.shutdown()
         if self.pool is not None:
             self.pool.close(timeout=self._timeout_s)
@@ -209,6 +188,8 @@ class PostgresRunner(PollLoop):
         # Taking over: a task waits for its next try (NEW, in _retry_at), a restore step or a seek.
         busy = bool(self._retry_at) or bool(self.schedule.waiting(TAKING_OVER, self.tasks))
         messages = self._poll(BUSY_WAIT_S if busy else IDLE_WAIT_S)
+        if self.global_tables is not None:  # before the records: what they read is at least as new as what they see
+            self.global_tables.poll()
         self._dispatch(messages)
         self._commit_due()
         self._retry_pending()
@@ -217,11 +198,14 @@ class PostgresRunner(PollLoop):
         self._update_gauges()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        for p, batch in self._by_partition(messages).items():
+        """Each running task's records. With several inputs every task, every turn: an input waited for long enough
+        lets the others' records go on (pipeline/core/merge.py)."""
+        batches = self._by_partition(messages)
+        for p in list(self.tasks if self.app.multi_input else batches):
             task = self.tasks.get(p)
             if task is not None and task.phase is Phase.RUNNING:
                 try:
-                    task.process(batch)
+                    task.process(batches.get(p, []))
                 except PoisonRecordStop as e:
                     self._poisoned(p, e)
 
@@ -240,15 +224,16 @@ class PostgresRunner(PollLoop):
         except (Fenced, WriteFailed) as e:
             return e
         self._failures.pop(p, None)
-        self._commit_group_offset(p, task.committed_offset)
+        self._commit_group_offset(p, self._positions(task))
         return None
 
-    def _commit_group_offset(self, p: int, offset: int | None) -> None:
+    def _commit_group_offset(self, p: int, offsets: dict[str, int | None]) -> None:
         """For lag monitoring only: never read back. Errors (e.g. a zombie's stale generation) are ignored."""
-        if offset is None:
+        tps = [TopicPartition(topic, p, offset) for topic, offset in offsets.items() if offset is not None]
+        if not tps:
             return
         try:
-            self.input.commit(offsets=[TopicPartition(self.input_topic, p, offset)], asynchronous=True)
+            self.input.commit(offsets=tps, asynchronous=True)
         except KafkaException as e:
             log.debug("p%d: group offset not committed (monitoring only): %s", p, e)
 
@@ -275,8 +260,14 @@ class PostgresRunner(PollLoop):
         self._failures[p] = self._failures.get(p, 0) + 1
         return self._backoff.delay(self._failures[p])
 
+    def _new_task(self, p: int) -> PostgresTask:
+        return PostgresMultiTask(self.ctx, p) if self.app.multi_input else PostgresTask(self.ctx, p)
+
     def _make_pending(self, p: int, delay: float) -> None:
-        self.tasks[p] = PostgresTask(self.ctx, p)  # NEW; in-memory state and pending rows of the failed one: gone
+        if (failed := self.tasks.get(p)) is not None:
+            failed.discard()
+        self._awaiting_globals.pop(p, None)
+        self.tasks[p] = self._new_task(p)  # NEW; in-memory state and pending rows of the failed one: gone
         self._retry_at[p] = time.monotonic() + delay
         self._pause(p)
 
@@ -330,6 +321,8 @@ class PostgresRunner(PollLoop):
         (docs/guarantees.md: rewind-after-abort): records of p fetched while p restored were dropped by _dispatch."""
         for task in self.schedule.waiting((Phase.REWINDING,), self.tasks):
             p = task.partition
+            if not self._globals_reached(p):
+                continue
             if (deleted := self._deleted_before_start.pop(p, None)) is not None:  # no position to seek to
                 topic, detail = deleted
                 self._stop_partition(task, InputRecordsDeleted(topic, p, task.committed_offset, self.app_id, detail))
@@ -341,9 +334,12 @@ class PostgresRunner(PollLoop):
     def _take_over_all(self, partitions: list[int]) -> list[int | Exception | None]:
         """Fences each partition and reads its offset (in parallel, each on its own connection): the offset, or the
         error. The state follows between polls (_advance_restores)."""
-        tasks = [PostgresTask(self.ctx, p) for p in partitions]
+        tasks = [self._new_task(p) for p in partitions]
         for task in tasks:
             self.tasks[task.partition] = task
+        if self.global_tables is not None:  # asked without waiting; p starts once the tables reached them
+            targets = self.global_tables.ask_targets()
+            self._awaiting_globals.update(dict.fromkeys(partitions, targets))
 
         def take_over(task: PostgresTask) -> int | Exception | None:
             try:
@@ -359,10 +355,11 @@ class PostgresRunner(PollLoop):
         assignment, failed = [], []
         for p, result in zip(ps, results, strict=True):
             if isinstance(result, Exception):
-                failed.append((p, result))
-                assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING))  # paused; sought later
-            else:
-                assignment.append(TopicPartition(self.input_topic, p, OFFSET_BEGINNING if result is None else result))
+                failed.append((p, result))  # assigned paused at the beginning: sought once taken over
+            assignment += [
+                TopicPartition(topic, p, OFFSET_BEGINNING if offset is None else offset)
+                for topic, offset in self._positions(self.tasks[p]).items()
+            ]
         consumer.incremental_assign(assignment)
         taken = [p for p in ps if self.tasks[p].phase is Phase.RESTORING]
         for p in taken:
@@ -380,6 +377,28 @@ class PostgresRunner(PollLoop):
     def _owned_partitions(self) -> dict[int, PostgresTask]:
         return self.tasks
 
+    def _positions(self, owned: Lifecycle) -> dict[str, int | None]:
+        """Every topic's next offset (several inputs: each of them and the tables)."""
+        if isinstance(owned, PostgresMultiTask):
+            return dict(owned.next_offsets)
+        return {self.input_topic: owned.next_offset}
+
+    def _topic_partitions(self, p: int) -> list[TopicPartition]:
+        return [TopicPartition(topic, p) for topic in self.topics]
+
+    # -- tables (docs/inputs.md) --------------------------------------------------------------------------------------
+    def _globals_reached(self, p: int) -> bool:
+        """Whether p may start: every global table read up to the high watermarks asked at its take-over, so that
+        what p reads never goes back in time across owners (docs/guarantees.md: table-reads-forward)."""
+        pending = self._awaiting_globals.get(p)
+        if pending is None or self.global_tables is None:
+            return True
+        targets = pending.result()
+        if targets is None or not self.global_tables.reached(targets):
+            return False
+        del self._awaiting_globals[p]
+        return True
+
     def _admin_client(self) -> AdminClient | None:
         return self._admin
 
@@ -395,7 +414,7 @@ class PostgresRunner(PollLoop):
             return [f"taken over again in {left:.1f} s ({failures} failures in a row): is PostgreSQL reachable?"]
         if task.phase is Phase.RESTORING:
             return [f"restoring its state rows from PostgreSQL: {len(task.state)} keys read"]
-        return []
+        return ["waiting for the global tables to reach their targets"] if p in self._awaiting_globals else []
 
     def _close_partition(self, p: int, commit: bool) -> None:
         task = self.tasks.get(p)
@@ -407,10 +426,16 @@ class PostgresRunner(PollLoop):
                     "p%d: not committed on close (%d records left to the next owner): %s", p, task.batch_records, e
                 )
         self._forget(p)
+        if len(self.topics) > 1 and self.consumer is not None:
+            # Every topic of p, the group's too (as the Kafka sink does: docs/guarantees.md, several-inputs): once a
+            # revoke callback unassigns anything itself, librdkafka leaves the rest to it.
+            self.input.incremental_unassign(self._topic_partitions(p))
 
     def _forget(self, p: int) -> None:
-        if self.tasks.pop(p, None) is not None:
-            self.metrics.forget_partition(p)
+        self._awaiting_globals.pop(p, None)
+        if (task := self.tasks.pop(p, None)) is not None:
+            task.discard()
+            self.metrics.forget_partition(p, self.topics)
         self._retry_at.pop(p, None)
         self._failures.pop(p, None)
         self._deleted_before_start.pop(p, None)

@@ -5,6 +5,11 @@ Framework tables (in PIPELINE_POSTGRES_SCHEMA, shared by every app; rows are key
                             owner epoch (bumped by every new owner before it reads anything of p), who owns it
     pipeline_state          p's state, one row per key (the state serde's bytes), written with the batch
     pipeline_dead_letters   records that kept failing, written with the batch that moves past them
+    pipeline_merge_order    an App with several inputs or tables: per transaction of p, where each topic of p
+                            stood when it began and the order it took their records in (runs "index:count"), so
+                            that the checker replays exactly that interleaving (docs/inputs.md). One row per
+                            transaction per partition: only the checker reads it; delete old rows when no run is to
+                            be verified from its start
     pipeline_schema_version the framework's schema version (migrations run once, under an advisory lock)
 
 The sink's own tables (e.g. `totals` and `outputs` of the running-totals example) are created when missing and,
@@ -42,6 +47,20 @@ class Column:
     name: str
     type: str  # as format_type() prints it: bigint, integer, text, bytea, jsonb, timestamp with time zone
     ddl: str = ""  # the rest of the column definition: NOT NULL, DEFAULT ..., GENERATED ALWAYS AS IDENTITY
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """A migration step: a column added to a table that exists (IF EXISTS: the sink's default table may not)."""
+
+    table: str
+    column: Column
+
+    def create_sql(self, schema: str) -> sql.Composed:
+        c = self.column
+        return sql.SQL("ALTER TABLE IF EXISTS {} ADD COLUMN IF NOT EXISTS {} {}").format(
+            sql.Identifier(schema, self.table), sql.Identifier(c.name), sql.SQL(f"{c.type} {c.ddl}".strip())
+        )
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,11 @@ STATE = Table(
     (*_PARTITION_KEY, Column("key", "text", "NOT NULL"), Column("value", "bytea", "NOT NULL")),
     ("app_id", "topic", "input_partition", "key"),
 )
+# `process` raised Reject: dead-lettered on purpose, and the checker folds the record all the same (version 2)
+REJECTED = Column("rejected", "boolean", "NOT NULL DEFAULT false")
+# The default sink's table (pipeline/sinks/postgres/tables.py, BytesOutputs): which input an output came from (version
+# 2; 0: the first, and the only one of a one-input App)
+INPUT_INDEX = Column("input_index", "integer", "NOT NULL DEFAULT 0")
 DEAD_LETTERS = Table(
     "pipeline_dead_letters",
     (
@@ -96,6 +120,19 @@ DEAD_LETTERS = Table(
         Column("error_message", "text", "NOT NULL"),
         Column("attempts", "integer", "NOT NULL"),
         Column("created_at", "timestamp with time zone", "NOT NULL DEFAULT now()"),
+        REJECTED,
+    ),
+    ("id",),
+)
+MERGE_ORDER = Table(
+    "pipeline_merge_order",
+    (
+        Column("id", "bigint", "GENERATED ALWAYS AS IDENTITY"),  # p's transactions are serialised: commit order
+        *_PARTITION_KEY,
+        Column("epoch", "bigint", "NOT NULL"),
+        Column("start_offsets", "jsonb", "NOT NULL"),  # topic -> next offset of p when the transaction began
+        Column("runs", "text", "NOT NULL"),  # "index:count,...", index into the App's co-partitioned topics
+        Column("committed_at", "timestamp with time zone", "NOT NULL DEFAULT now()"),
     ),
     ("id",),
 )
@@ -104,12 +141,17 @@ SCHEMA_VERSION = Table(
     (Column("component", "text", "NOT NULL"), Column("version", "integer", "NOT NULL")),
     ("component",),
 )
-FRAMEWORK_TABLES = (OFFSETS, STATE, DEAD_LETTERS)
+FRAMEWORK_TABLES = (OFFSETS, STATE, DEAD_LETTERS, MERGE_ORDER)
 
 # Migration n brings the framework's tables from version n-1 to n. Each runs once per schema, in the start-up
-# transaction, under an advisory lock (instances starting together migrate once). Append, never edit.
-MIGRATIONS: tuple[tuple[Table, ...], ...] = (
+# transaction, under an advisory lock (instances starting together migrate once). Append, never edit. A table is
+# created with its latest columns, so a later step that adds one of them to an older table must not fail when the
+# column is there already (IF NOT EXISTS).
+MIGRATIONS: tuple[tuple[Table | AddColumn, ...], ...] = (
     (OFFSETS, STATE, DEAD_LETTERS),  # 1: the initial tables
+    # 2: several inputs and tables (docs/inputs.md): the merge order, which input an output came from, whether a
+    #    dead letter was a Reject. The other topics' offsets are rows of pipeline_offsets (its topic column).
+    (MERGE_ORDER, AddColumn(DEAD_LETTERS.name, REJECTED), AddColumn("pipeline_outputs", INPUT_INDEX)),
 )
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -20,16 +20,18 @@ import psycopg
 from psycopg import sql
 
 from pipeline.app import App, Output
-from pipeline.sinks.postgres.schema import Column, Table
+from pipeline.sinks.postgres.schema import INPUT_INDEX, Column, Table
 
 
 @dataclass(frozen=True, slots=True)
 class OutputRow:
-    """One output and the input record it came from."""
+    """One output and the input record it came from: `index` says which of the App's inputs (0: the first, the only
+    one of a one-input App), as the source header of the Kafka sink does (pipeline/core/provenance.py)."""
 
     partition: int
     offset: int
     output: Output
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,7 @@ class StoredOutput:
     partition: int
     offset: int
     output: Output
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,12 @@ class Target:
 
     def table(self, name: str) -> sql.Identifier:
         return sql.Identifier(self.schema, name)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic task p reads partition p of: the input (as renamed), then the App's other inputs and its
+        co-partitioned tables (docs/inputs.md)."""
+        return (self.input_topic, *self.app.co_partitioned[1:])
 
 
 class TableSink(Protocol):
@@ -85,6 +94,7 @@ class BytesOutputs:
             Column("input_offset", "bigint", "NOT NULL"),
             Column("key", "bytea"),
             Column("value", "bytea"),
+            INPUT_INDEX,  # added by the framework's migration 2 to a table created before
         ),
         ("row_id",),
     )
@@ -92,7 +102,7 @@ class BytesOutputs:
 
     def write(self, cur: psycopg.Cursor, target: Target, rows: Sequence[OutputRow]) -> None:
         app = target.app
-        statement = sql.SQL("COPY {} (app_id, input_partition, input_offset, key, value) FROM STDIN")
+        statement = sql.SQL("COPY {} (app_id, input_partition, input_offset, key, value, input_index) FROM STDIN")
         with cur.copy(statement.format(target.table(self.TABLE.name))) as copy:
             for row in rows:
                 out = row.output
@@ -103,12 +113,15 @@ class BytesOutputs:
                         row.offset,
                         app.output_key_serde.serialize(out.key),
                         app.output_value_serde.serialize(out.value),
+                        row.index,
                     )
                 )
 
     def read_back(self, conn: psycopg.Connection, target: Target) -> list[StoredOutput]:
         app = target.app
-        query = sql.SQL("SELECT row_id, input_partition, input_offset, key, value FROM {} WHERE app_id = %s")
+        query = sql.SQL(
+            "SELECT row_id, input_partition, input_offset, key, value, input_index FROM {} WHERE app_id = %s"
+        )
         rows = conn.execute(query.format(target.table(self.TABLE.name)), (target.app_id,)).fetchall()
         return [
             StoredOutput(
@@ -116,8 +129,9 @@ class BytesOutputs:
                 p,
                 offset,
                 Output(key=app.output_key_serde.deserialize(key), value=app.output_value_serde.deserialize(value)),
+                index,
             )
-            for order, p, offset, key, value in rows
+            for order, p, offset, key, value, index in rows
         ]
 
     def check(self, conn: psycopg.Connection, target: Target, states: dict[int, dict[str, Any]]) -> list[str]:

@@ -34,16 +34,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import psycopg_pool
 from psycopg import sql
 
+from pipeline.app import DEAD_LETTERS as HELD_LETTERS
 from pipeline.app import App, Output, checked_outputs
-from pipeline.core.deadletter import DeadLetter
+from pipeline.core.deadletter import DeadLetter, held_dead_letter
 from pipeline.core.processing import Attempts, record_from_message
 from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
@@ -52,6 +54,7 @@ from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from pipeline.sinks.postgres.schema import DEAD_LETTERS, OFFSETS, STATE
 from pipeline.sinks.postgres.tables import OutputRow, TableSink, Target
+from pipeline.state.table_restore import TableRestore
 
 log = logging.getLogger(__name__)
 # Rows per page of the stepped restore: one page is ~10-50 ms (1 M rows/s on a quiet machine), so a step of
@@ -80,6 +83,9 @@ class PostgresTaskContext:
     owner: str  # written to the offsets row: who holds the epoch (host, pid, client id)
     pool_wait_s: float = 5.0
     schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
+    global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
+    # Partition p's co-partitioned tables, read from their topics (None: the App has none)
+    table_restore: Callable[[int], TableRestore] | None = None
 
     @property
     def target(self) -> Target:
@@ -100,8 +106,10 @@ class PostgresTask(Task):
         self.restore_seconds = 0.0  # from the fence to the last page
         self._restore_started = 0.0
         self._restored_up_to: str | None = None  # the last state key read (keyset pagination); None: none yet
+        self._pages_done = False  # every state row is in (the co-partitioned tables may still be read)
         self.rows: list[OutputRow] = []  # the batch's outputs, with the input record each came from
         self.dead_letters: list[DeadLetter] = []  # the batch's dead letters
+        self.state.tables = self.table_views()
         offsets, state, dead = (ctx.table(t.name) for t in (OFFSETS, STATE, DEAD_LETTERS))
         self._sql_fence = sql.SQL(
             "INSERT INTO {t} AS o (app_id, topic, input_partition, next_offset, epoch, owner) "
@@ -130,7 +138,7 @@ class PostgresTask(Task):
         ).format(t=state)
         self._sql_dead_letter = sql.SQL(
             "INSERT INTO {t} (app_id, topic, input_partition, input_offset, key, value, error_type, error_message, "
-            "attempts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            "attempts, rejected) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
         ).format(t=dead)
 
     @property
@@ -148,6 +156,7 @@ class PostgresTask(Task):
                 row = conn.execute(self._sql_fence, (*self._where, self.ctx.owner)).fetchone()
                 assert row is not None  # INSERT ... ON CONFLICT DO UPDATE ... RETURNING: always one row
                 self.epoch, self.committed_offset = row
+                self._read_other_offsets(conn)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
             self.epoch = None  # fenced maybe, but not usable
             raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
@@ -160,16 +169,22 @@ class PostgresTask(Task):
         meanwhile, WriteFailed if the database is not usable (the worker is not to be used again)."""
         until = time.monotonic() + budget_s
         try:
+            if not self._pages_done:
+                with self.connection() as conn:
+                    while not self._read_page(conn):
+                        if time.monotonic() >= until:
+                            return False
+                self._pages_done = True
+            if not self._restore_tables(until):
+                return False
             with self.connection() as conn:
-                while not self._read_page(conn):
-                    if time.monotonic() >= until:
-                        return False
                 self._check_still_ours(conn)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
             self.epoch = None
             raise WriteFailed(f"{type(e).__name__}: {first_line(e)}") from e
         self.restored_keys = len(self.state)
         self.restored(self.state)  # complete; the position comes from the fenced offset: the seek is pending
+        self.state.tables = self.table_views()
         self.restore_seconds = time.monotonic() - self._restore_started
         self.ctx.metrics.observe_restore(self.partition, self.restore_seconds, self.restored_keys)
         return True
@@ -186,6 +201,21 @@ class PostgresTask(Task):
         while not self.restore_step(1.0):
             pass
         return offset
+
+    def _read_other_offsets(self, conn: psycopg.Connection) -> None:
+        """In the fence's transaction: the offsets of the App's other inputs and tables (none for one input)."""
+
+    def _restore_tables(self, until: float) -> bool:
+        """After the state rows: p's co-partitioned tables read from their topics until `until`; True once done
+        (at once for an App without them)."""
+        return True
+
+    def table_views(self) -> dict[str, Mapping[Any, Any]]:
+        """The tables `process` reads through `state.tables` (a one-input App's: the global ones)."""
+        return dict(self.ctx.global_tables)
+
+    def discard(self) -> None:
+        """The task is thrown away (failed, revoked, lost): what it holds besides memory is released."""
 
     def _read_page(self, conn: psycopg.Connection) -> bool:
         """Loads the next page of p's state rows; True when it was the last one."""
@@ -224,13 +254,25 @@ class PostgresTask(Task):
                 outputs = checked_outputs("process", app.process(state, record_from_message(app, msg)))
             except Exception as error:  # decoding or user code: poison until proven otherwise
                 outputs = self._retry(msg, error)
-            self.rows.extend(OutputRow(self.partition, offset, out) for out in outputs)
-            produced += len(outputs)
+            produced += self.add_outputs(outputs, offset)
             self.next_offset = offset + 1
             self.batch_records += 1
             processed += 1
         if processed:
             self.note_batch(messages, msg, processed, produced)
+
+    def add_outputs(self, outputs: Iterable[Output], offset: int, index: int = 0) -> int:
+        """A record's outputs become rows of the batch; an output that dead-letters a record held earlier
+        (app.dead_letter) becomes a dead-letter row naming that record. Returns how many."""
+        count = 0
+        for out in outputs:
+            if out.topic is HELD_LETTERS:
+                self.dead_letters.append(held_dead_letter(self.app, out))
+                self.ctx.metrics.dead_letters.inc()
+            else:
+                self.rows.append(OutputRow(self.partition, offset, out, index))
+            count += 1
+        return count
 
     def _retry(self, msg: Consumed, error: Exception) -> list[Output]:
         """After a failed first attempt: the shared retry path (pipeline/core/processing.py). Its dead letter becomes
@@ -283,7 +325,8 @@ class PostgresTask(Task):
                 self._sql_dead_letter,
                 [
                     (
-                        *self._where[:2],
+                        self.ctx.app_id,
+                        d.topic,  # the record's own input (several inputs: not always the first)
                         d.partition,
                         d.offset,
                         d.key,
@@ -291,6 +334,7 @@ class PostgresTask(Task):
                         d.error_type,
                         d.error_message[:2000],
                         d.attempts,
+                        d.rejected,
                     )
                     for d in self.dead_letters
                 ],

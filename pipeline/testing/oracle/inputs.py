@@ -16,8 +16,9 @@ are the App's own check's business, App.check). Everything else is checked as fo
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Reject
@@ -50,28 +51,93 @@ def all_inputs(run: RunData) -> dict[Coord, KafkaRecord]:
 def processing_order(app: App, run: RunData, found: Findings) -> dict[int, list[tuple[int, KafkaRecord]]]:
     """p -> (topic index, record) in the order task p took them: the committed checkpoints' runs, then (records
     beyond them, or a stateless App) the timestamp merge."""
-    queues: dict[tuple[int, int], list[KafkaRecord]] = defaultdict(list)
-    for i, dump in enumerate([run.inputs, *run.more_inputs.values()]):
-        for record in sorted(dump.records, key=lambda r: r.offset):
-            queues[(i, record.partition)].append(record)
+    queues = _queues(run)
     runs = _committed_runs(run, found)
-    tables = {i for i, topic in enumerate(topics_of(run)) if topic in {t.topic for t in app.table_specs.values()}}
     order: dict[int, list[tuple[int, KafkaRecord]]] = {}
     for p in sorted({p for _, p in queues} | runs.keys()):
         taken: list[tuple[int, KafkaRecord]] = []
         positions: dict[int, int] = defaultdict(int)
-        for i, count in runs.get(p, []):
-            queue = queues.get((i, p), [])
-            if positions[i] + count > len(queue):
-                found.add(f"checkpoint p{p}", f"names {count} records of input {i} beyond its {len(queue)}")
-                break
-            taken += [(i, r) for r in queue[positions[i] : positions[i] + count]]
-            positions[i] += count
-        lanes = sorted(range(len(topics_of(run))), key=lambda i: (i not in tables, i))  # ties: tables first
-        rest = [[(i, r) for r in queues.get((i, p), [])[positions[i] :]] for i in lanes]
-        taken += heapq.merge(*rest, key=lambda item: item[1].timestamp_ms)
-        order[p] = taken
+        _take_runs(runs.get(p, []), queues, p, positions, taken, found)
+        order[p] = taken + _merged_rest(app, run, queues, p, positions)
     return order
+
+
+# A transaction as the PostgreSQL sink records it (pipeline_merge_order): every topic's next offset when it began
+# (topic -> offset; None: nothing taken yet), and the runs it took.
+Transaction = tuple[Mapping[str, int | None], list[tuple[int, int]]]
+
+
+def order_of_transactions(
+    app: App, run: RunData, transactions: Mapping[int, Sequence[Transaction]], found: Findings
+) -> dict[int, list[tuple[int, KafkaRecord]]]:
+    """processing_order for a run whose transactions say where each began: a co-partitioned table read ahead by a
+    restore (its start beyond what was taken) has the records it skipped loaded first, as the restore did; a stream
+    that begins past what was taken (records skipped) or before it (taken twice) is a finding."""
+    queues, topics = _queues(run), topics_of(run)
+    tables = _table_lanes(app, run)
+    order: dict[int, list[tuple[int, KafkaRecord]]] = {}
+    for p in sorted({p for _, p in queues} | transactions.keys()):
+        taken: list[tuple[int, KafkaRecord]] = []
+        positions: dict[int, int] = defaultdict(int)
+        for number, (start, runs) in enumerate(transactions.get(p, [])):
+            for i, topic in enumerate(topics):
+                queue = queues.get((i, p), [])
+                at = bisect_left([r.offset for r in queue], start.get(topic) or 0)
+                where = f"merge order p{p} #{number}"
+                if at > positions[i] and i in tables:
+                    taken += [(i, r) for r in queue[positions[i] : at]]  # what the take-over's restore read
+                elif at > positions[i]:
+                    found.add(
+                        where,
+                        f"{topic} begins at {start.get(topic)}: records from {queue[positions[i]].offset} skipped",
+                    )
+                elif at < positions[i]:
+                    found.add(where, f"{topic} begins at {start.get(topic)}, before records taken already")
+                positions[i] = at
+            _take_runs(runs, queues, p, positions, taken, found)
+        order[p] = taken + _merged_rest(app, run, queues, p, positions)
+    return order
+
+
+def _queues(run: RunData) -> dict[tuple[int, int], list[KafkaRecord]]:
+    """(topic index, partition) -> its records in offset order."""
+    queues: dict[tuple[int, int], list[KafkaRecord]] = defaultdict(list)
+    for i, dump in enumerate([run.inputs, *run.more_inputs.values()]):
+        for record in sorted(dump.records, key=lambda r: r.offset):
+            queues[(i, record.partition)].append(record)
+    return queues
+
+
+def _table_lanes(app: App, run: RunData) -> set[int]:
+    table_topics = {t.topic for t in app.table_specs.values()}
+    return {i for i, topic in enumerate(topics_of(run)) if topic in table_topics}
+
+
+def _take_runs(
+    runs: Sequence[tuple[int, int]],
+    queues: Mapping[tuple[int, int], list[KafkaRecord]],
+    p: int,
+    positions: dict[int, int],
+    taken: list[tuple[int, KafkaRecord]],
+    found: Findings,
+) -> None:
+    for i, count in runs:
+        queue = queues.get((i, p), [])
+        if positions[i] + count > len(queue):
+            found.add(f"checkpoint p{p}", f"names {count} records of input {i} beyond its {len(queue)}")
+            return
+        taken += [(i, r) for r in queue[positions[i] : positions[i] + count]]
+        positions[i] += count
+
+
+def _merged_rest(
+    app: App, run: RunData, queues: Mapping[tuple[int, int], list[KafkaRecord]], p: int, positions: Mapping[int, int]
+) -> list[tuple[int, KafkaRecord]]:
+    """The records no committed order names, merged by timestamp (ties: tables first, then the App's order)."""
+    tables = _table_lanes(app, run)
+    lanes = sorted(range(len(topics_of(run))), key=lambda i: (i not in tables, i))
+    rest = [[(i, r) for r in queues.get((i, p), [])[positions.get(i, 0) :]] for i in lanes]
+    return list(heapq.merge(*rest, key=lambda item: item[1].timestamp_ms))
 
 
 def _committed_runs(run: RunData, found: Findings) -> dict[int, list[tuple[int, int]]]:
@@ -85,13 +151,20 @@ def _committed_runs(run: RunData, found: Findings) -> dict[int, list[tuple[int, 
     return runs
 
 
-def fold_several(app: App, run: RunData, skip: Iterable[Coord], found: Findings) -> Reference:
-    """app.process run offline over each partition's records in the order the run took them."""
+def fold_several(
+    app: App,
+    run: RunData,
+    skip: Iterable[Coord],
+    found: Findings,
+    order: Mapping[int, list[tuple[int, KafkaRecord]]] | None = None,
+) -> Reference:
+    """app.process run offline over each partition's records in the order the run took them (`order`; None: as its
+    checkpoints name it)."""
     reference, skipped = Reference(), set(skip)
     topics = topics_of(run)
     table_topics = {t.topic: name for name, t in app.table_specs.items()}
     global_updates = _global_updates(app, run)
-    for p, taken in processing_order(app, run, found).items():
+    for p, taken in (processing_order(app, run, found) if order is None else order).items():
         state = PartitionState(app.state_serde)
         tables = {topic: TableStore(app.table_specs[name]) for topic, name in table_topics.items()}
         globals_now = {name: TableStore(app.global_table_specs[name]) for name in app.global_table_specs}
