@@ -245,7 +245,7 @@ class PendingOffsets(Generic[K]):
         offsets = {key: future.result().offset for key, future in self._futures.items()}
         unknown = {key: offset for key, offset in offsets.items() if offset < 0}
         if unknown:  # a negative offset is no offset: ask again (see `known`)
-            raise OffsetsNotKnown(f"{self.what}: ListOffsets answered {unknown}")
+            raise OffsetsNotKnown(f"ListOffsets answered {unknown}")
         return offsets
 
     def _send(self) -> None:
