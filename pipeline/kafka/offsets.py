@@ -213,7 +213,7 @@ class PendingOffsets(Generic[K]):
         self.last_failure: str | None = None
         self._offsets: dict[K, int] | None = None
         self._futures: Mapping[K, Future[Any]] = {}
-        self._asked_at = self._started
+        self._asked_at, self._refreshed = self._started, False
         self._send()
 
     def result(self) -> dict[K, int] | None:
@@ -249,7 +249,7 @@ class PendingOffsets(Generic[K]):
         return offsets
 
     def _send(self) -> None:
-        self._asked_at = time.monotonic()
+        self._asked_at, self._refreshed = time.monotonic(), False
         try:
             self._futures = self._ask()
         except KafkaException as e:  # refused locally (the client's queue): looked at again next turn
@@ -260,6 +260,9 @@ class PendingOffsets(Generic[K]):
         self.last_failure = why
         if self._give_up_at is not None and time.monotonic() > self._give_up_at:
             raise EndOffsetsTimeout(f"{self.what}: not known within RESTORE_TIMEOUT_MS ({why})")
+        if not self._refreshed:  # stale leaders fail every ask until the metadata is refreshed (relearn_leaders)
+            self._refreshed = True  # now, so that the answer is in before the ask goes again: asked at the same
+            self._refresh()  # time, the ask still took the stale leader (seen on the 3-node cluster)
         if time.monotonic() - self._asked_at < ASK_AGAIN_AFTER_S:
             return  # the failed futures stay: looked at again next turn
         self.failures += 1
@@ -269,7 +272,6 @@ class PendingOffsets(Generic[K]):
             why,
             ": partition leaders moved, their metadata asked for again" if leaders else "",
         )
-        self._refresh()  # stale leaders fail every ask until the metadata is refreshed (relearn_leaders)
         self._send()
 
 

@@ -16,15 +16,18 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, ElectionType, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from pipeline.core.loop import BUSY_WAIT_S
+from pipeline.core.stall import BrokerEnds
 from pipeline.kafka.clients import client_config, restore_consumer_config
+from pipeline.kafka.offsets import OffsetRequest, PendingOffsets, ask_offsets, relearn_leaders
 from pipeline.serde import JSON
 from pipeline.settings import Settings
 from pipeline.state.restore import ChangelogRestore, RestorePhase
 from pipeline.state.restore_manager import RestoreManager
+from tests.support import eventually
 
 pytestmark = pytest.mark.cluster
 log = logging.getLogger(__name__)
@@ -139,3 +142,75 @@ def test_a_restore_goes_on_while_the_leader_of_another_partitions_changelog_is_u
     assert len(loop.progress[1]) > 2, "p1's restore moved over several turns"
     assert loop.finished[0].records == 500 and len(loop.finished[0].state) == 500
     assert "p0's restore: offsets of" in stuck, stuck
+
+
+def test_a_leader_back_with_a_newer_epoch_is_relearned_not_asked_with_the_stale_one(kafka_cluster, caplog) -> None:
+    """Two admin clients learn partition 0's leader (node 3) and its epoch; node 3 is killed, restarted and made the
+    leader again (preferred election): its epoch moved on twice, and an admin client asking with the one it cached
+    gets FENCED_LEADER_EPOCH. The stall watchdog's end offsets (BrokerEnds) and a restore's PendingOffsets each ask
+    for the metadata again and are answered at their next ask; without that every ask failed the same way (librdkafka
+    keeps the cached epoch: pipeline/kafka/offsets.py, relearn_leaders)."""
+    bootstrap, topic = kafka_cluster.bootstrap, f"relearn-{uuid.uuid4().hex[:8]}"
+    ops = AdminClient({"bootstrap.servers": bootstrap})
+    ops.create_topics([NewTopic(topic, 1, replica_assignment=[[PAUSED, 1, 2]])])[topic].result(30)
+    tp = TopicPartition(topic, 0)
+
+    def leader() -> tuple[int, list[int]]:
+        partition = ops.list_topics(topic, timeout=10).topics[topic].partitions[0]
+        return partition.leader, list(partition.isrs)
+
+    eventually(lambda: leader()[0] == PAUSED, 30, 0.5)
+    watchdog_admin, restore_admin = (
+        AdminClient({"bootstrap.servers": bootstrap}),
+        AdminClient({"bootstrap.servers": bootstrap}),
+    )
+    ends = BrokerEnds(0.5, 5)
+    answered(ends, watchdog_admin, tp)
+    assert ends.ends == {(topic, 0): 0}
+    first = PendingOffsets(
+        "probe", ask_offsets(restore_admin, {"end": OffsetRequest(tp, OffsetSpec.latest())}, 5), lambda: None, 5
+    )
+    assert eventually(first.result, 30, 0.1) == {"end": 0}  # both clients cache leader 3 and its epoch
+
+    kafka_cluster.kill(PAUSED)
+    eventually(lambda: leader()[0] not in (PAUSED, -1), 60, 0.5)
+    kafka_cluster.restart(PAUSED)
+    eventually(lambda: PAUSED in leader()[1], 90, 0.5)
+    eventually(lambda: _elected(ops, tp), 60, 1.0)
+    eventually(lambda: leader()[0] == PAUSED, 30, 0.5)
+
+    caplog.set_level(logging.INFO, "pipeline.core.stall")
+    ends.ends.clear()
+    outcomes = [answered(ends, watchdog_admin, tp) for _ in range(4)]
+    assert outcomes[0] == "FENCED_LEADER_EPOCH", outcomes  # the stale epoch, once
+    assert outcomes[1:] == ["answered"] * 3, outcomes
+    assert caplog.text.count("stall watchdog: no end offsets") == 1 and "leaders moved" in caplog.text
+
+    pending = PendingOffsets(
+        "p0's restore: offsets of " + topic,
+        ask_offsets(restore_admin, {"end": OffsetRequest(tp, OffsetSpec.latest())}, 5),
+        lambda: relearn_leaders(restore_admin, [topic], 5),
+        5,
+    )
+    assert eventually(pending.result, 15, 0.1) == {"end": 0}
+    assert pending.failures == 1, "FENCED_LEADER_EPOCH once, then answered"
+
+
+def answered(ends: BrokerEnds, admin: AdminClient, tp: TopicPartition) -> str:
+    """One period of the stall watchdog's ask for tp's end offset: 'answered', or the error's name."""
+    time.sleep(0.6)  # a period (0.5 s) since the last ask
+    ends.ask(admin, [tp])
+    pending = dict(ends._pending)
+    eventually(lambda: all(f.done() for f in pending.values()), 15, 0.05)
+    ends.collect()
+    error = pending[tp].exception()
+    return "answered" if error is None else error.args[0].name()
+
+
+def _elected(admin: AdminClient, tp: TopicPartition) -> bool:
+    try:
+        admin.elect_leaders(ElectionType.PREFERRED, [tp]).result(10)
+    except KafkaException as e:  # not in sync yet, or the election already happened
+        log.info("preferred election of %s: %s", tp, e)
+        return e.args[0].code() == KafkaError.ELECTION_NOT_NEEDED
+    return True
