@@ -212,7 +212,7 @@ class PendingOffsets(Generic[K]):
         self.failures = 0
         self.last_failure: str | None = None
         self._offsets: dict[K, int] | None = None
-        self._futures: Mapping[K, Future[Any]] = {}
+        self._futures: Mapping[K, Future[Any]] | None = None  # None: the last ask was refused before it was sent
         self._asked_at, self._refreshed = self._started, False
         self._send()
 
@@ -220,11 +220,11 @@ class PendingOffsets(Generic[K]):
         """The offsets once the broker answered them all; None until then."""
         if self._offsets is not None:
             return self._offsets
-        if not self._futures:  # the last ask was refused before it was sent
+        if self._futures is None:
             self._failed(self.last_failure or "not asked", False)
         elif all(f.done() for f in self._futures.values()):
             try:
-                self._offsets = self._answered()
+                self._offsets = self._answered(self._futures)
                 if self.failures:
                     log.info("%s: answered after %d failed asks", self.what, self.failures)
             except (KafkaException, OffsetsNotKnown) as e:
@@ -241,8 +241,8 @@ class PendingOffsets(Generic[K]):
         failed = f"{self.failures} failed asks (last: {self.last_failure})"
         return f"{self.what}: not known after {waited:.0f} s and {failed}"
 
-    def _answered(self) -> dict[K, int]:
-        offsets = {key: future.result().offset for key, future in self._futures.items()}
+    def _answered(self, futures: Mapping[K, Future[Any]]) -> dict[K, int]:
+        offsets = {key: future.result().offset for key, future in futures.items()}
         unknown = {key: offset for key, offset in offsets.items() if offset < 0}
         if unknown:  # a negative offset is no offset: ask again (see `known`)
             raise OffsetsNotKnown(f"ListOffsets answered {unknown}")
@@ -253,7 +253,7 @@ class PendingOffsets(Generic[K]):
         try:
             self._futures = self._ask()
         except KafkaException as e:  # refused locally (the client's queue): looked at again next turn
-            self._futures = {}
+            self._futures = None
             self.last_failure = str(e.args[0])
 
     def _failed(self, why: str, leaders: bool) -> None:

@@ -17,6 +17,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, Message,
 
 from pipeline.app import Table
 from pipeline.core.stall import BrokerEnds
+from pipeline.kafka.offsets import PendingOffsets
 from pipeline.serde import JSON
 from pipeline.settings import Settings
 from pipeline.state.restore import RestoreError, RestorePhase
@@ -248,3 +249,25 @@ def test_broker_ends_relearn_the_leaders_and_say_so_once(caplog: pytest.LogCaptu
     ends.ask(broker, [tp])  # type: ignore[arg-type]
     ends.collect()
     assert ends.ends == {("in", 0): 0}
+
+
+def test_an_ask_of_nothing_is_answered_at_once_and_a_refused_one_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("time.monotonic", clock)
+    assert PendingOffsets("nothing", dict, lambda: None, 10).result() == {}
+    refusals = [KafkaException(KafkaError(KafkaError._QUEUE_FULL))]
+
+    def ask() -> dict[str, Future]:  # type: ignore[type-arg]
+        if refusals:
+            raise refusals.pop()
+        future: Future = Future()  # type: ignore[type-arg]
+        future.set_result(types.SimpleNamespace(offset=4))
+        return {"end": future}
+
+    pending = PendingOffsets("refused", ask, lambda: None, 10)
+    assert pending.result() is None and "_QUEUE_FULL" in pending.stuck()
+    clock.now += 1.5
+    assert pending.result() is None  # asked again
+    assert pending.result() == {"end": 4}
