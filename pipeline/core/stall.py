@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import Gauge
 
 from pipeline.core.lifecycle import Phase
+from pipeline.kafka.offsets import leaders_moved, relearn_leaders
 
 log = logging.getLogger(__name__)
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -134,12 +135,19 @@ class BrokerEnds:
     (to the look, and to pipeline_consumer_lag). And the high watermark alone cannot tell records not fetched from
     records an open transaction holds back. So: one ListOffsets request (read_committed) for such partitions at most
     once per STALL_WARNING_MS, never waited for (its answer is read at a later look); an end is kept until the
-    consumer's position passes it."""
+    consumer's position passes it.
+
+    An answer that says the partition leaders moved (FENCED_LEADER_EPOCH after a broker restart) makes the admin
+    client ask for those topics' metadata again, without waiting (relearn_leaders says why it would not by itself):
+    the same answer came back every period for minutes, each one an INFO line per partition. Failed answers are
+    logged once, until one is answered again."""
 
     def __init__(self, every_s: float, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._every_s, self._timeout_s, self._clock = every_s, timeout_s, clock
         self._asked_at = float("-inf")
         self._pending: dict[TopicPartition, Future[object]] = {}
+        self._admin: AdminClient | None = None  # the one asked last: told to relearn the leaders
+        self._failing = False  # the last answer had failures (logged once)
         self.ends: dict[tuple[str, int], int] = {}  # (topic, p) -> the broker's last stable offset
 
     def ask(self, admin: AdminClient | None, tps: Collection[TopicPartition]) -> None:
@@ -147,7 +155,7 @@ class BrokerEnds:
         now = self._clock()
         if admin is None or not tps or self._pending or now - self._asked_at < self._every_s:
             return
-        self._asked_at = now
+        self._asked_at, self._admin = now, admin
         request = {tp: OffsetSpec.latest() for tp in tps}
         try:
             self._pending = admin.list_offsets(
@@ -160,12 +168,22 @@ class BrokerEnds:
         """Takes in the answers of a request that is done."""
         if not self._pending or not all(f.done() for f in self._pending.values()):
             return
+        failed = {tp: error for tp, future in self._pending.items() if (error := future.exception()) is not None}
         for tp, future in self._pending.items():
-            if future.exception() is None:
+            if tp not in failed:
                 self.ends[(tp.topic, tp.partition)] = future.result().offset  # type: ignore[attr-defined]
-            else:
-                log.info("stall watchdog: no end offset for %s[%d]: %s", tp.topic, tp.partition, future.exception())
         self._pending = {}
+        moved = sorted({tp.topic for tp, error in failed.items() if leaders_moved(error)})
+        if moved and self._admin is not None:
+            relearn_leaders(self._admin, moved, self._timeout_s)
+        if failed and not self._failing:
+            log.info(
+                "stall watchdog: no end offsets for %s (%s)%s; asked again every period, not logged until answered",
+                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in failed),
+                next(iter(failed.values())),
+                "; partition leaders moved: their metadata asked for again" if moved else "",
+            )
+        self._failing = bool(failed)
 
     def reached(self, topic: str, p: int, position: int | None) -> None:
         """The consumer's position of p: an end it passed is no longer needed."""

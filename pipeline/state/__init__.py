@@ -9,6 +9,7 @@ snapshot_writer.py  emit_chunks, the one chunk emitter (also used by the Spark j
                     running pipeline (SNAPSHOT_ON_SHUTDOWN)
 changelog_apply.py  the fold of changelog records into a state, shared by restores and standby copies
 restore.py          one partition's restore = newest complete snapshot (or a standby copy) + changelog since
+restore_setup.py    what a restore asks before it reads (its bounds, never waited for) and StandbyCopy
 restore_checks.py   what a restore refuses: a changelog deleted below its snapshot, a checkpoint off the group's offset
 restore_manager.py  every restore of one runner, stepped between polls within one budget (RestoreManager)
 standby.py          warm standby copies of other members' partitions (STANDBY_REPLICAS): placed, warmed, followed

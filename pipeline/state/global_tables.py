@@ -18,19 +18,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, cast
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipeline.app import Table
 from pipeline.kafka.offsets import (
-    EndOffsetsTimeout,
-    OffsetsNotKnown,
+    PendingOffsets,
     ReadToEndTimeout,
     TailReader,
     high_watermarks,
-    known,
     low_watermarks,
-    refresh_leaders,
+    relearn_leaders,
 )
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
@@ -39,7 +37,6 @@ from pipeline.state.tables import TableView
 log = logging.getLogger(__name__)
 Targets = dict[str, dict[int, int]]  # topic -> partition -> offset
 PROGRESS_EVERY_S = 2.0
-ASK_AGAIN_AFTER_S = 1.0  # a broker that refused or failed the last ask is not asked again sooner
 
 
 class PendingTargets:
@@ -48,8 +45,9 @@ class PendingTargets:
     The poll loop never waits on the broker for them. It did: asked synchronously in the rebalance callback, a
     broker that had just died held the loop 10 s per try, and then EndOffsetsTimeout came out of poll and ended both
     members of a broker-fault run. Now the loop looks at the answer each turn (`result`); an ask that failed, or got
-    no answer within REQUEST_TIMEOUT_MS, is asked again; after RESTORE_TIMEOUT_MS the take-over fails loudly, as a
-    restore that cannot finish does. Asked later, the targets are no lower: reads still never go back in time."""
+    no answer within REQUEST_TIMEOUT_MS, is asked again (PendingOffsets); after RESTORE_TIMEOUT_MS the take-over fails
+    loudly, as a restore that cannot finish does. Asked later, the targets are no lower: reads still never go back in
+    time."""
 
     def __init__(
         self,
@@ -58,40 +56,21 @@ class PendingTargets:
         request_timeout_s: float,
         give_up_s: float,
     ) -> None:
-        self._ask, self._refresh, self._request_timeout_s = ask, refresh, request_timeout_s
-        self._give_up_at = time.monotonic() + give_up_s
-        self._futures, self._asked_at = ask(), time.monotonic()
-        self._failures = 0
-        self._targets: Targets | None = None
+        # The admin client keeps the leaders it knew: after a broker restart every ask failed with
+        # FENCED_LEADER_EPOCH until its metadata was refreshed (seen for minutes in a broker-fault run): `refresh`.
+        what = "global tables: end offsets for a take-over"
+        self._pending = PendingOffsets(what, ask, refresh, request_timeout_s, give_up_s)
 
     def result(self) -> Targets | None:
-        """The targets once the broker answered; None until then."""
-        if self._targets is None and all(f.done() for f in self._futures.values()):
-            try:
-                targets: Targets = {}
-                for tp, future in self._futures.items():
-                    targets.setdefault(tp.topic, {})[tp.partition] = future.result().offset
-                # A negative end would read as reached at once: the tasks would start on tables not read yet.
-                self._targets = {topic: known(topic, ends) for topic, ends in targets.items()}
-            except (KafkaException, OffsetsNotKnown) as e:
-                self._ask_again(str(e.args[0]))
-        elif self._targets is None and time.monotonic() - self._asked_at > self._request_timeout_s:
-            self._ask_again("no answer within REQUEST_TIMEOUT_MS")
-        return self._targets
-
-    def _ask_again(self, why: str) -> None:
-        if time.monotonic() > self._give_up_at:
-            raise EndOffsetsTimeout(f"global tables: end offsets not known within RESTORE_TIMEOUT_MS ({why})")
-        if time.monotonic() - self._asked_at < ASK_AGAIN_AFTER_S:
-            return  # the failed futures stay: looked at again next turn
-        self._failures += 1
-        (log.warning if self._failures == 1 else log.info)(
-            "global tables: end offsets for a take-over not known yet (%s); asking again", why
-        )
-        # The admin client keeps the leaders it knew: after a broker restart every ask failed with
-        # FENCED_LEADER_EPOCH until its metadata was refreshed (seen for minutes in a broker-fault run).
-        self._refresh()
-        self._futures, self._asked_at = self._ask(), time.monotonic()
+        """The targets once the broker answered; None until then. A negative end is asked again: read as a target
+        it would be reached at once, and the tasks would start on tables not read yet."""
+        offsets = self._pending.result()
+        if offsets is None:
+            return None
+        targets: Targets = {}
+        for tp, offset in offsets.items():
+            targets.setdefault(tp.topic, {})[tp.partition] = offset
+        return targets
 
 
 class GlobalTable:
@@ -195,7 +174,7 @@ class GlobalTables:
         topics = [table.spec.topic for table in self.tables.values()]
 
         def refresh() -> None:
-            refresh_leaders(self._admin, topics, min(1.0, self._timeout_s))
+            relearn_leaders(self._admin, topics, self._timeout_s)  # without waiting: this is the loop's thread
 
         return PendingTargets(ask, refresh, self._timeout_s, self._restore_timeout_s)
 

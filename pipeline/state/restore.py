@@ -1,6 +1,8 @@
 """Restore of one partition's state: latest complete full snapshot + the changelog since, in steps that never block
 the poll loop for long (docs/guarantees.md: restore-keeps-membership, complete-restore).
 
+    offsets   the changelog's low and high watermarks and the snapshot topic's bounds, asked without waiting
+              (PendingOffsets): the poll loop looks for the answer each step and never waits on a broker
     scan      the snapshot topic's partition p is scanned back from its end for manifests (snapshot_finder.py)
     load      the newest manifest's chunks are read and verified; a corrupt or incomplete snapshot is skipped with a
               warning and the next older one is tried; with none left, the changelog from offset 0 is the base
@@ -27,25 +29,19 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from pipeline.kafka.offsets import (
-    CheckedConsumer,
-    OffsetsTruncated,
-    TailReader,
-    high_watermarks,
-    low_watermarks,
-)
+from pipeline.kafka.offsets import CheckedConsumer, OffsetsTruncated, TailReader
 from pipeline.kafka.records import Consumed
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint
 from pipeline.state.changelog_apply import apply_changelog
 from pipeline.state.restore_checks import RestoreError, truncated, verify_checkpoint
-from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck, snapshot_bounds
+from pipeline.state.restore_setup import StandbyCopy, ask_bounds, warm_metadata
+from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck
 from pipeline.state.snapshot_format import Manifest
 
 if TYPE_CHECKING:
@@ -57,19 +53,8 @@ PROGRESS_EVERY_S = 2.0
 MAX_RESTARTS = 3
 
 
-@dataclass
-class StandbyCopy:
-    """p's state as of changelog offset `position` (every record below it applied), with the full snapshot it was
-    warmed up from and the last checkpoint it read: what a restore of p would hold at that offset."""
-
-    partition: int
-    state: PartitionState
-    position: int
-    snapshot: Manifest | None
-    last_checkpoint: Checkpoint | None
-
-
 class RestorePhase(enum.Enum):
+    OFFSETS = "offsets"  # the changelog's and the snapshot topic's bounds asked for, not answered yet
     SCAN = "scan"  # looking for the newest manifest in the snapshot topic
     LOAD = "load"  # reading and verifying that snapshot's chunks
     TAIL = "tail"  # reading the changelog from where the snapshot ends up to the high watermark
@@ -123,30 +108,40 @@ class ChangelogRestore:
         self._tail_reader: TailReader | None = None
         self._base = base  # a standby copy of p to start from (pipeline/state/standby.py); used once
         self.standby_keys: int | None = None  # keys taken from a standby copy
-        # Metadata of both topics up front: a topic first met at assign() waits for librdkafka's next (backed-off)
-        # metadata refresh, up to a second, before its first fetch.
-        for topic in (changelog_topic, snapshot_topic):
-            if topic is not None:
-                self._consumer.list_topics(topic, timeout=request_timeout_s)
+        self.changelog_start = self.end = -1  # not known before the broker answers (phase OFFSETS)
+        self._warmed = warm_metadata(self._consumer, [t for t in (changelog_topic, snapshot_topic) if t is not None])
         self._begin()
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _begin(self) -> None:
-        p, timeout = self.partition, self._request_timeout_s
-        self.changelog_start = low_watermarks(self._admin, self.topic, [p], timeout)[p]
-        self.end = high_watermarks(self._admin, self.topic, [p], timeout)[p]
+        """Asks for the bounds without waiting (restore_setup.py); `_step_offsets` takes the answer at a later step."""
         self._scan: ManifestScan | None = None
         self._load: ChunkLoad | None = None
         self._reader: TailReader | None = None
+        self._bounds = ask_bounds(self._admin, self.topic, self.snapshot_topic, self.partition, self._request_timeout_s)
+        self.phase = RestorePhase.OFFSETS
+
+    @property
+    def offsets_known(self) -> bool:
+        """Whether the broker answered the set-up's ask; the next step takes the answer (tests, tools)."""
+        return self.phase is not RestorePhase.OFFSETS or self._bounds.result() is not None
+
+    def _step_offsets(self) -> bool:
+        """True once the broker answered and the restore moved on to its next phase."""
+        bounds = self._bounds.result()
+        if bounds is None:
+            return False
+        self.changelog_start, self.end = bounds["changelog_low"], bounds["end"]
         base, self._base = self._base, None  # a restore started again starts from nothing
         if base is not None and self._from_copy(base):
-            return
+            return True
         if self.snapshot_topic is not None:
-            low, end = snapshot_bounds(self._admin, self.snapshot_topic, [p], timeout)[p]
+            low, end, p = bounds["snapshot_low"], bounds["snapshot_end"], self.partition
             self._scan = ManifestScan(self._checked, self.snapshot_topic, p, low, end, self._skip_unreadable)
             self.phase = RestorePhase.SCAN
         else:
             self._start_tail(None)
+        return True
 
     def _from_copy(self, copy: StandbyCopy) -> bool:
         """Promotion: p's standby copy (state, snapshot and checkpoint as of changelog offset copy.position) is the
@@ -212,7 +207,10 @@ class ChangelogRestore:
         try:
             while self.phase is not RestorePhase.DONE and time.monotonic() < until:
                 remaining = max(0.001, until - time.monotonic())
-                if self.phase is RestorePhase.SCAN:
+                if self.phase is RestorePhase.OFFSETS:
+                    if not self._step_offsets():
+                        break  # not answered yet: the loop goes on, and looks again at the next step
+                elif self.phase is RestorePhase.SCAN:
                     self._step_scan(remaining)
                 elif self.phase is RestorePhase.LOAD:
                     self._step_load(remaining)
@@ -357,7 +355,9 @@ class ChangelogRestore:
     # -- the changelog tail ----------------------------------------------------------------------------------------
     def close(self) -> None:
         self._drop_prefetch()
-        self._consumer.close()
+        # Never while the metadata warm-up uses the consumer: it closes it as it ends, off the loop's thread.
+        consumer = self._consumer
+        self._warmed.add_done_callback(lambda _: consumer.close())
 
     def _prefetch(self, start: int) -> None:
         """Starts fetching the changelog tail that follows this snapshot while its chunks load."""
@@ -410,6 +410,8 @@ class ChangelogRestore:
                 self._reader.positions[self.partition],
                 self.end,
             )
+        elif self.phase is RestorePhase.OFFSETS:
+            log.info("restoring p%d: waiting for the broker: %s", self.partition, self._bounds.stuck())
         else:
             log.info(
                 "restoring p%d: %s, %d snapshot records read",
@@ -430,6 +432,8 @@ class ChangelogRestore:
         return f"restore in phase {self.phase.value}, {self.records} changelog records read: {self._stuck()}"
 
     def _stuck(self) -> str:
+        if self.phase is RestorePhase.OFFSETS:
+            return self._bounds.stuck()
         if self.phase is RestorePhase.SCAN and self._scan is not None:
             return f"{self.snapshot_topic}: {self._scan.stuck()}"
         if self.phase is RestorePhase.LOAD and self._load is not None:

@@ -107,7 +107,7 @@ class RestoreManager:
             self._changelog_done.add(p)
             if self._table_specs:
                 self._tables[p] = TableRestore(
-                    self._make_consumer, self._admin, self._table_specs, p, self._request_timeout_s
+                    self._make_consumer, self._admin, self._table_specs, p, self._request_timeout_s, self._timeout_s
                 )
         tables = self._tables.get(p)
         return tables is None or tables.step(budget_s)

@@ -20,9 +20,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
-from pipeline.kafka.offsets import Reading, TailReader, low_watermarks, stable_end_offsets
+from pipeline.kafka.offsets import OffsetRequest, Reading, TailReader
 from pipeline.kafka.records import Consumed
 from pipeline.state.snapshot_format import (
     FORMAT_VERSION,
@@ -33,19 +34,21 @@ from pipeline.state.snapshot_format import (
     is_manifest,
 )
 
-__all__ = ["ChunkLoad", "InvalidSnapshot", "ManifestScan", "precheck", "scan_all", "snapshot_bounds"]
+__all__ = ["ChunkLoad", "InvalidSnapshot", "ManifestScan", "precheck", "scan_all", "snapshot_bounds_request"]
 log = logging.getLogger(__name__)
 FIRST_WINDOW = 8
 WINDOW_GROWTH = 4
 CHUNKS_PER_STEP = 8  # a chunk decodes in a few ms: keep each step well inside the restore budget
 
 
-def snapshot_bounds(
-    admin: AdminClient, topic: str, partitions: list[int], timeout_s: float
-) -> dict[int, tuple[int, int]]:
-    low = low_watermarks(admin, topic, partitions, timeout_s)
-    end = stable_end_offsets(admin, topic, partitions, timeout_s)
-    return {p: (low[p], end[p]) for p in partitions}
+def snapshot_bounds_request(topic: str, partition: int) -> dict[str, OffsetRequest]:
+    """What a scan of partition p needs to know first, asked with ask_offsets: the low watermark and the last stable
+    offset (read_committed: a publish in flight is not a snapshot yet)."""
+    tp = TopicPartition(topic, partition)
+    return {
+        "snapshot_low": OffsetRequest(tp, OffsetSpec.earliest()),
+        "snapshot_end": OffsetRequest(tp, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED),
+    }
 
 
 class ManifestScan:

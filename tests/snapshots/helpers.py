@@ -151,6 +151,14 @@ def restore_job(bootstrap: str, app_id: str, p: int, committed: int | None, time
     )
 
 
+def bounds_known(job: ChangelogRestore, timeout_s: float = 30) -> None:
+    """Until the broker answered the restore's set-up (asked without waiting), without stepping it further."""
+    deadline = time.monotonic() + timeout_s
+    while not job.offsets_known:
+        assert time.monotonic() < deadline, job.stuck()
+        time.sleep(0.01)
+
+
 def run_to_end(job: ChangelogRestore, timeout_s: float = 60) -> dict[str, bytes]:
     """Steps of 200 ms, like the runner's, until done; the encoded state."""
     deadline = time.monotonic() + timeout_s

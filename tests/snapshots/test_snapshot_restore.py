@@ -13,7 +13,16 @@ from confluent_kafka import Producer, TopicPartition
 
 from pipeline.state.changelog import CHECKPOINT_KEY
 from pipeline.state.restore import RestoreError
-from tests.snapshots.helpers import Changelog, end_offsets, new_app, publish_snapshot, restore, restore_job, run_to_end
+from tests.snapshots.helpers import (
+    Changelog,
+    bounds_known,
+    end_offsets,
+    new_app,
+    publish_snapshot,
+    restore,
+    restore_job,
+    run_to_end,
+)
 
 KEYS = 300
 
@@ -223,8 +232,9 @@ def test_records_deleted_under_a_running_restore_make_it_start_over(history, kaf
     """The compaction job may delete below the previous generation while a restore reads: the restore must notice
     (never jump over the gap) and start over from the then newest snapshot."""
     log = history
-    job = restore_job(kafka_bootstrap, log.app_id, 0, log.committed(0))  # bounds captured: no snapshot yet
+    job = restore_job(kafka_bootstrap, log.app_id, 0, log.committed(0))
     try:
+        bounds_known(job)  # captured: no snapshot yet
         gen1, _ = snapshot_now(log, 1)
         delete_changelog_below(log, gen1.changelog_offset, kafka_admin)  # what the job's retention would do
         state = run_to_end(job)

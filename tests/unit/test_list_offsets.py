@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from pipeline.kafka.offsets import EndOffsetsTimeout, stable_end_offsets, watermarks
 
@@ -17,7 +17,7 @@ from pipeline.kafka.offsets import EndOffsetsTimeout, stable_end_offsets, waterm
 class Answers:
     """AdminClient.list_offsets, answering each ask with the next offset of `answers` for every partition."""
 
-    def __init__(self, *answers: int) -> None:
+    def __init__(self, *answers: int | KafkaError) -> None:
         self.answers = list(answers)
         self.asks = 0
 
@@ -27,7 +27,10 @@ class Answers:
         futures: dict[TopicPartition, Future[Any]] = {}
         for tp in request:
             futures[tp] = Future()
-            futures[tp].set_result(SimpleNamespace(offset=offset))
+            if isinstance(offset, KafkaError):
+                futures[tp].set_exception(KafkaException(offset))
+            else:
+                futures[tp].set_result(SimpleNamespace(offset=offset))
         return futures
 
     def list_topics(self, *args: Any, **kwargs: Any) -> None:
@@ -49,3 +52,9 @@ def test_a_negative_stable_end_is_end_offsets_not_known() -> None:
     with pytest.raises(EndOffsetsTimeout, match="snapshots"):
         stable_end_offsets(Answers(-1), "snapshots", [0], timeout_s=1)  # type: ignore[arg-type]
     assert stable_end_offsets(Answers(12), "snapshots", [0], timeout_s=1) == {0: 12}  # type: ignore[arg-type]
+
+
+def test_a_new_leader_whose_high_watermark_has_not_caught_up_is_asked_again() -> None:
+    admin = Answers(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE), 9)
+    assert watermarks(admin, "in", [0], timeout_s=5) == {0: 9}  # type: ignore[arg-type]
+    assert admin.asks == 2

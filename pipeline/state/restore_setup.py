@@ -1,0 +1,77 @@
+"""What a restore of p asks before it reads anything (pipeline/state/restore.py: phase `offsets`), without waiting on
+the poll loop's thread (docs/guarantees.md: restore-keeps-membership).
+
+ask_bounds     the changelog's low and high watermarks and the snapshot topic's bounds, as PendingOffsets: the
+               restore looks for the answer each step. Asked synchronously they held the loop up to
+               REQUEST_TIMEOUT_MS per ask when the leader of p's changelog had gone, and every partition with it.
+warm_metadata  the restore consumer's metadata of its topics, on a thread of its own
+StandbyCopy    what a promotion starts from instead of the snapshot (pipeline/state/standby.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from pipeline.kafka.offsets import OffsetRequest, PendingOffsets, ask_offsets, relearn_leaders
+from pipeline.state import PartitionState
+from pipeline.state.changelog import Checkpoint
+from pipeline.state.snapshot_finder import snapshot_bounds_request
+from pipeline.state.snapshot_format import Manifest
+
+log = logging.getLogger(__name__)
+METADATA_WARM_UP_S = 5.0  # the longest a restore consumer's metadata warm-up keeps its thread (and the close) waiting
+
+
+@dataclass
+class StandbyCopy:
+    """p's state as of changelog offset `position` (every record below it applied), with the full snapshot it was
+    warmed up from and the last checkpoint it read: what a restore of p would hold at that offset."""
+
+    partition: int
+    state: PartitionState
+    position: int
+    snapshot: Manifest | None
+    last_checkpoint: Checkpoint | None
+
+
+def ask_bounds(
+    admin: AdminClient, changelog_topic: str, snapshot_topic: str | None, partition: int, request_timeout_s: float
+) -> PendingOffsets[str]:
+    """Answers by key: changelog_low, end (the high watermark: read_uncommitted, see restore.py's `tail`), and with a
+    snapshot topic snapshot_low and snapshot_end (snapshot_finder.snapshot_bounds_request)."""
+    tp = TopicPartition(changelog_topic, partition)
+    wanted = {"changelog_low": OffsetRequest(tp, OffsetSpec.earliest()), "end": OffsetRequest(tp, OffsetSpec.latest())}
+    if snapshot_topic is not None:
+        wanted.update(snapshot_bounds_request(snapshot_topic, partition))
+    topics = list(dict.fromkeys(request.tp.topic for request in wanted.values()))
+    return PendingOffsets(
+        f"p{partition}'s restore: offsets of {' and '.join(topics)}",
+        ask_offsets(admin, wanted, request_timeout_s),
+        lambda: relearn_leaders(admin, topics, request_timeout_s),
+        request_timeout_s,
+    )
+
+
+def warm_metadata(consumer: Consumer, topics: list[str]) -> Future[None]:
+    """The consumer's metadata of the restore's topics, asked on a thread of its own (the poll loop's must not wait):
+    a topic first met at assign() waits for librdkafka's next (backed-off) metadata refresh, up to a second, before
+    its first fetch. Done (the future) when the answer came or the ask failed: close the consumer only then."""
+    done: Future[None] = Future()
+
+    def warm() -> None:
+        try:
+            for topic in topics:
+                consumer.list_topics(topic, timeout=METADATA_WARM_UP_S)
+        except Exception as e:  # best effort: the first fetch then waits for librdkafka's own refresh
+            log.debug("restore consumer: metadata of %s not known yet: %s", topics, e)
+        finally:
+            done.set_result(None)
+
+    threading.Thread(target=warm, name="restore-metadata", daemon=True).start()
+    return done
