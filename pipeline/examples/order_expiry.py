@@ -174,8 +174,8 @@ STEP_MS = 250  # event time between two orders, on average
 
 
 def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) -> Iterator[Generated]:
-    """About n records in timestamp order (a little jitter): orders with ttl_ms of 2-20 s; their fills spread over
-    1.5 ttl (so some come late), one in six orders with a fill before it, one in eight overfilled, 2 % duplicate
+    """About n records in timestamp order: orders with ttl_ms of 2-20 s; their fills within 0.75 ttl, or for one
+    order in five over 1.5 ttl (it expires, some fills are late), one in six orders with a fill before it, one in eight overfilled, 2 % duplicate
     orders, 2 % orphan fills (no order ever), 1 % malformed fills. start_ms defaults to recent (brokers delete
     records older than retention by their timestamps)."""
     rng = random.Random(seed)
@@ -204,12 +204,13 @@ def _order_events(rng: random.Random, order_id: str, partitions: int, ts: int) -
         if rng.random() < 0.02:
             yield ts + rng.randint(1, ttl), (ORDERS, p, key, order, ts)
     left = qty + (rng.randint(1, 10) if rng.random() < 0.125 else 0)
-    fills = 0
+    fills, slow = 0, rng.random() < 0.2  # a slow order's fills spread past its due time: it expires, some are late
+    span = ttl * 3 // 2 if slow else ttl * 3 // 4
     while left > 0:
         fills += 1
         take = min(left, rng.randint(1, max(1, qty // 2)))
         left -= take
-        at = ts + rng.randint(0, ttl * 3 // 2)
+        at = ts + rng.randint(0, span)
         if fills == 1 and rng.random() < 0.17:
             at = ts - rng.randint(1, 500)  # before its order: held
         value = orjson.dumps({"fill_id": f"{order_id}-f{fills}", "qty": take, "price": round(rng.uniform(1, 2), 4)})
