@@ -175,9 +175,9 @@ STEP_MS = 250  # event time between two orders, on average
 
 def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) -> Iterator[Generated]:
     """About n records in timestamp order: orders with ttl_ms of 2-20 s; their fills within 0.75 ttl, or for one
-    order in five over 1.5 ttl (it expires, some fills are late), one in six orders with a fill before it, one in eight overfilled, 2 % duplicate
-    orders, 2 % orphan fills (no order ever), 1 % malformed fills. start_ms defaults to recent (brokers delete
-    records older than retention by their timestamps)."""
+    order in five over 1.5 ttl (it expires, some fills are late); one order in six with a fill before it, one in
+    eight overfilled, 2 % duplicate orders, 2 % orphan fills (no order ever), 1 % malformed fills. start_ms defaults
+    to recent (brokers delete records older than retention by their timestamps)."""
     rng = random.Random(seed)
     if start_ms is None:
         start_ms = time.time_ns() // 1_000_000 - (n // 3) * STEP_MS - 600_000
