@@ -197,3 +197,56 @@ def test_the_position_taken_is_in_the_state_and_the_checker_fails_a_timer_fired_
     broken.send("y", {"id": 2}, topic=B, timestamp_ms=200)
     verdict = broken.verify()
     assert not verdict.ok and verdict.losses.count and verdict.content.count
+
+
+def test_an_undone_transaction_does_not_queue_the_bookkeeping_entries_as_timers() -> None:
+    """__eos.taken and __eos.state_version come back with an undo; queued as wall-clock entries they would fire."""
+    from pipeline.state.timed import TimedState
+    from pipeline.state.versions import VERSION_KEY
+
+    state = TimedState(version=2, migrate=lambda version, value: value)
+    state.note_taken(5)
+    state["k"] = 1
+    list(state.changes())  # writes the state version
+    state.commit()
+    state.note_taken(9)
+    state._remember(VERSION_KEY)
+    state._data[VERSION_KEY] = b"3"
+    state.undo_transaction()
+    assert state.taken == 5 and not state.has_due("wall", 10**12) and not state.has_due("stream", 10**12)
+
+
+def test_a_burst_holds_every_input_then_takes_the_records_behind_it_in_order() -> None:
+    d = AppDriver(TWO, timers_per_turn=2)
+    for i in range(7):
+        d.send(f"k{i}", {"id": i, "at": 100 + i}, topic=A, timestamp_ms=i)
+    d.produce("x", {"id": 10}, topic=B, timestamp_ms=200)
+    d.produce("y", {"id": 11, "at": 10**9}, topic=A, timestamp_ms=201)
+    task, paused = d.tasks[0], []
+    tick = task.tick
+
+    def watching_tick(now_ms: int) -> None:
+        paused.append(bool(d.consumer.paused))
+        tick(now_ms)
+
+    task.tick = watching_tick  # type: ignore[method-assign]
+    out = d.run()
+    assert [o.value.get("timer") for o in out] == [0, 1, 2, 3, 4, 5, 6, None, None]
+    assert [o.value.get("record") for o in out[-2:]] == [10, 11]
+    assert paused[:3] == [True, True, True] and not d.consumer.paused  # held during the burst, fetched again after
+    verdict = d.verify()
+    assert verdict.ok, verdict.summary()
+
+
+def test_wall_clock_ttl_with_several_inputs_expires_on_the_loop() -> None:
+    def remember(state: State, record: Record) -> Iterable[Output]:
+        if record.topic == A:
+            state[record.key] = record.value
+        return [Output(key=record.key, value={"known": record.key in state})]
+
+    app = App("wallttl2", output_topic="o", process=remember, inputs=[A, B], state_ttl_ms=100, state_ttl_clock="wall")
+    d = AppDriver(app, wall_clock_ms=1_000)
+    d.send("k", 1, topic=A)
+    assert values(d.send("k", 0, topic=B)) == [{"known": True}]
+    d.advance_wall_clock(100)
+    assert d.state() == {} and values(d.send("k", 0, topic=B)) == [{"known": False}]
