@@ -66,10 +66,11 @@ def _order(state: State, order_id: str, record: Record) -> list[Output]:
     due = record.timestamp_ms + value["ttl_ms"]
     order = {"qty": value["qty"], "filled": 0, "status": "open", "due": due, "partition": record.partition}
     outputs: list[Output] = []
-    held = state.pop(f"wait/{order_id}", [])
+    held = state.get(f"wait/{order_id}")  # get, not pop: no KeyError raised and caught for most orders
     if held:
+        del state[f"wait/{order_id}"]
         state.timers.cancel(f"orphan/{order_id}")
-    for fields, _ in held:  # fills that came first, in their order
+    for fields, _ in held or ():  # fills that came first, in their order
         fill = Record(*fields)
         try:
             outputs.append(_accept(order, order_id, fill))
@@ -171,6 +172,7 @@ def _valid_fill(value: Any) -> bool:
 
 # -- sample input for `pipeline chaos` ------------------------------------------------------------------------------
 STEP_MS = 250  # event time between two orders, on average
+EARLY_MS = 500  # a fill before its order is at most this much earlier
 
 
 def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) -> Iterator[Generated]:
@@ -181,15 +183,16 @@ def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) ->
     rng = random.Random(seed)
     if start_ms is None:
         start_ms = time.time_ns() // 1_000_000 - (n // 3) * STEP_MS - 600_000
-    events: list[tuple[int, int, Generated]] = []
+    events: list[tuple[int, int, Generated]] = []  # a heap: (timestamp, sequence, record)
     written, number, ts = 0, 0, start_ms
     while written < n:
         number += 1
         ts += rng.randint(1, 2 * STEP_MS)
         for at, item in _order_events(rng, f"o-{seed}-{number}", partitions, ts):
-            events.append((at, len(events), item))
+            heapq.heappush(events, (at, written, item))
             written += 1
-    heapq.heapify(events)
+        while events and events[0][0] < ts - EARLY_MS:  # no later order has a record this early: out in order
+            yield heapq.heappop(events)[2]
     while events:
         yield heapq.heappop(events)[2]
 
@@ -201,8 +204,9 @@ def _order_events(rng: random.Random, order_id: str, partitions: int, ts: int) -
     if not orphan:
         order = orjson.dumps({"account": f"acct-{rng.randrange(20)}", "qty": qty, "ttl_ms": ttl})
         yield ts, (ORDERS, p, key, order, ts)
-        if rng.random() < 0.02:
-            yield ts + rng.randint(1, ttl), (ORDERS, p, key, order, ts)
+        if rng.random() < 0.02:  # the same order id again, later
+            again = ts + rng.randint(1, ttl)
+            yield again, (ORDERS, p, key, order, again)
     left = qty + (rng.randint(1, 10) if rng.random() < 0.125 else 0)
     fills, slow = 0, rng.random() < 0.2  # a slow order's fills spread past its due time: it expires, some are late
     span = ttl * 3 // 2 if slow else ttl * 3 // 4
@@ -212,7 +216,7 @@ def _order_events(rng: random.Random, order_id: str, partitions: int, ts: int) -
         left -= take
         at = ts + rng.randint(0, span)
         if fills == 1 and rng.random() < 0.17:
-            at = ts - rng.randint(1, 500)  # before its order: held
+            at = ts - rng.randint(1, EARLY_MS)  # before its order: held
         value = orjson.dumps({"fill_id": f"{order_id}-f{fills}", "qty": take, "price": round(rng.uniform(1, 2), 4)})
         if rng.random() < 0.01:
             value = b'{"fill_id": "bad", "qty": -1}'
