@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from pipeline.app import App, Generated, Output, Record, Reject, State, Stream, Timer, dead_letter
+from pipeline.app import App, Output, Record, Reject, State, Stream, Timer, dead_letter
 from pipeline.core.deadletter import DeadLetter
 from pipeline.core.provenance import decode_timer
 from pipeline.testing.oracle.inputs import processing_order
@@ -175,7 +175,10 @@ STEP_MS = 250  # event time between two orders, on average
 EARLY_MS = 500  # a fill before its order is at most this much earlier
 
 
-def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) -> Iterator[Generated]:
+Sample = tuple[str, int, bytes, bytes, int]  # (topic, partition, key, value, timestamp): one of Generated's shapes
+
+
+def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) -> Iterator[Sample]:
     """About n records in timestamp order: orders with ttl_ms of 2-20 s; their fills within 0.75 ttl, or for one
     order in five over 1.5 ttl (it expires, some fills are late); one order in six with a fill before it, one in
     eight overfilled, 2 % duplicate orders, 2 % orphan fills (no order ever), 1 % malformed fills. start_ms defaults
@@ -183,7 +186,7 @@ def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) ->
     rng = random.Random(seed)
     if start_ms is None:
         start_ms = time.time_ns() // 1_000_000 - (n // 3) * STEP_MS - 600_000
-    events: list[tuple[int, int, Generated]] = []  # a heap: (timestamp, sequence, record)
+    events: list[tuple[int, int, Sample]] = []  # a heap: (timestamp, sequence, record)
     written, number, ts = 0, 0, start_ms
     while written < n:
         number += 1
@@ -197,7 +200,7 @@ def generate(n: int, partitions: int, seed: int, start_ms: int | None = None) ->
         yield heapq.heappop(events)[2]
 
 
-def _order_events(rng: random.Random, order_id: str, partitions: int, ts: int) -> Iterator[tuple[int, Generated]]:
+def _order_events(rng: random.Random, order_id: str, partitions: int, ts: int) -> Iterator[tuple[int, Sample]]:
     p, key = zlib.crc32(order_id.encode()) % partitions, order_id.encode()
     qty, ttl = rng.randint(5, 50), rng.randint(2_000, 20_000)
     orphan = rng.random() < 0.02

@@ -123,7 +123,7 @@ def test_an_open_order_with_a_ttl_above_the_state_ttl_is_kept_until_it_expires()
 
 
 def feed(d: AppDriver, seed: int, records: int = 1_500, crash_every: int = 211) -> None:
-    for i, (topic, p, key, value, ts) in enumerate(app.generate(records, d.partitions, seed)):  # type: ignore[misc]
+    for i, (topic, p, key, value, ts) in enumerate(app.generate(records, d.partitions, seed)):
         decoded = orjson.loads(value) if value is not None else None
         d.produce(key.decode(), decoded, topic=topic, timestamp_ms=ts, partition=p)
         if i % 7 == 0:

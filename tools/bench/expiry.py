@@ -69,7 +69,7 @@ START_MS = 1_700_000_000_000  # no broker here: fixed event times (the default i
 
 def records(n: int, seed: int = 7) -> Iterator[tuple[str, bytes, bytes, int]]:
     """order_expiry's generated input, one partition: (its topic, key, value, timestamp)."""
-    for topic, _, key, value, ts in order_expiry.generate(n, 1, seed, START_MS):  # type: ignore[misc]
+    for topic, _, key, value, ts in order_expiry.generate(n, 1, seed, START_MS):
         yield topic, key, value, ts
 
 
