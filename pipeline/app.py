@@ -231,11 +231,6 @@ class App:
             raise ValueError(f"state_ttl_ms must be positive, not {self.state_ttl_ms}")
         if self.extended_state and not self.stateful:
             raise ValueError("timers, state TTL and state versions live in the state: a stateless App has none")
-        if self.timed and self.multi_input:
-            raise ValueError(
-                f"App {self.name!r}: timers and state TTL with several inputs or co-partitioned tables are not "
-                "supported yet (docs/inputs.md)"
-            )
         if self.tables and not self.stateful:
             raise ValueError(f"App {self.name!r}: co-partitioned tables are restored with the state: stateful=True")
         if self.state_version < 1:

@@ -35,7 +35,7 @@ from pipeline.core.task import StormGuard
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
-from pipeline.state.timed import TIMER_PREFIXES, Due, TimedState
+from pipeline.state.timed import TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 
 log = logging.getLogger(__name__)
 # The task's produce: (topic, key bytes, value bytes, partition or -1, headers) into the open transaction.
@@ -134,6 +134,10 @@ class TimerFiring:
             self.pause_input(False)
 
     def _fire_one(self, state: TimedState, due: Due, clock: str, position: int) -> None:
+        if due.entry.startswith(TTL_PREFIX):  # a TTL expiry: no callback, nothing to fail, no retry machinery
+            state.begin_record()
+            state.remove(due)
+            return
         timer: Timer | None = None
         on_timer = self.app.on_timer
 
@@ -152,23 +156,36 @@ class TimerFiring:
             self.errors.inc()
 
         try:
-            outputs = retry(
-                attempt,
-                retriable=lambda e: not isinstance(e, CodeError),
-                backoff=Backoff(self.backoff_s),
-                attempts=self.max_attempts,
-                on_failure=failed,
-                sleep=self.sleep,
-            )
-        except Exception as error:  # on_timer failed every time
-            self._gave_up(state, due, clock, position, error)
-            return
+            outputs = attempt()  # the first attempt inline: the retry machinery only after a failure
+        except Exception as first:
+            try:
+                outputs = self._retried(attempt, failed, first)
+            except Exception as error:  # on_timer failed every time
+                self._gave_up(state, due, clock, position, error)
+                return
         if timer is not None:
             self.storm.reset()  # fired without failing: a run of timer dead letters ends
         if outputs and timer is not None:
             header = (TIMER_HEADER, encode_timer(self.partition, position, clock, due.at_ms, timer.key))
             for topic, key, value, partition, headers in outputs:
                 self.produce(topic, key, value, partition, [*headers, header] if headers else [header])
+
+    def _retried(
+        self,
+        attempt: Callable[[], list[Encoded]],
+        failed: Callable[[Exception, int, float | None], None],
+        first: Exception,
+    ) -> list[Encoded]:
+        """After a failed first attempt: again, as a record's (a CodeError is not retried)."""
+        return retry(
+            attempt,
+            retriable=lambda e: not isinstance(e, CodeError),
+            backoff=Backoff(self.backoff_s),
+            attempts=self.max_attempts,
+            first_error=first,
+            on_failure=failed,
+            sleep=self.sleep,
+        )
 
     def _gave_up(self, state: TimedState, due: Due, clock: str, position: int, error: Exception) -> None:
         """A timer whose on_timer kept failing: a CodeError stops p at once, ON_POISON=stop stops it, else a dead

@@ -8,6 +8,8 @@ entry deleted), the state changes and outputs of its `on_timer`, and the offsets
     __eos.timer.stream/<key>     b"<due ms>" or b"<due ms> <payload, encoded by the state serde>"
     __eos.timer.wall/<key>       the same, on wall-clock time (ms since the epoch)
     __eos.ttl/<key>              b"<ms>": when <key> expires, App.state_ttl_ms after its last write
+    __eos.taken                  b"<n>": with several inputs or tables, how many records p has taken (all topics), as
+                                 of the last commit: the position that names a timer firing (docs/inputs.md)
 
 The same class keeps state versions (pipeline/state/versions.py): values leave tagged with the App's state version
 and come in migrated. An App uses it when it has timers, TTL or a state version above 1 (`App.extended_state`).
@@ -37,8 +39,10 @@ from pipeline.state.versions import VERSION_KEY, current_value, refuse_newer, ta
 
 RESERVED = "__eos."
 STREAM_TIME_KEY = "__eos.stream_time"
+TAKEN_KEY = "__eos.taken"
 TIMER_PREFIXES = {"stream": "__eos.timer.stream/", "wall": "__eos.timer.wall/"}
 TTL_PREFIX = "__eos.ttl/"
+QUEUED_PREFIXES = (*TIMER_PREFIXES.values(), TTL_PREFIX)  # the entries that are due some time
 
 
 def wall_clock_ms() -> int:
@@ -174,6 +178,18 @@ class TimedState(PartitionState):
             self._remember(STREAM_TIME_KEY)
             self._data[STREAM_TIME_KEY] = b"%d" % timestamp_ms
 
+    @property
+    def taken(self) -> int:
+        """With several inputs: the records p had taken at the last `note_taken` (0 before any)."""
+        raw = self._data.get(TAKEN_KEY)
+        return 0 if raw is None else int(raw)
+
+    def note_taken(self, count: int) -> None:
+        """With several inputs: p has taken `count` records so far (written once per transaction, at its commit)."""
+        if self.taken != count:
+            self._remember(TAKEN_KEY)
+            self._data[TAKEN_KEY] = b"%d" % count
+
     def due(self, clock: str, now_ms: int | None) -> bool:
         """Whether an entry on `clock` may be due at `now_ms` (a stale one may answer True: pop_due decides)."""
         queue = self._queues[clock]
@@ -259,7 +275,7 @@ class TimedState(PartitionState):
             raw = self._data.get(entry)
             if entry == STREAM_TIME_KEY:
                 self.stream_time_ms = None if raw is None else int(raw)
-            elif raw is not None:
+            elif raw is not None and entry.startswith(QUEUED_PREFIXES):  # not the bookkeeping (taken, version)
                 self._queue(entry, int(raw.partition(b" ")[0]), self._clock_of(entry))
 
     def _reindex(self) -> None:

@@ -197,7 +197,7 @@ def table_reference(app: App, run: TableRun, data: RunData, skip: Collection[Coo
         return fold_reference(
             app, run.inputs.records, input_topic=run.input_topic, output_topic=app.output_topic, skip=skip
         )
-    return fold_several(app, data, skip, found, order_of_transactions(app, data, run.transactions, found))
+    return fold_several(app, data, skip, found, order=order_of_transactions(app, data, run.transactions, found))
 
 
 def check_tables(app: App, run: TableRun) -> Verdict:

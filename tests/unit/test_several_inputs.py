@@ -59,8 +59,6 @@ def test_several_inputs_tables_and_global_tables_are_named_once() -> None:
         App("x", "z", "out", process, inputs=["a", "b"])
     with pytest.raises(ValueError, match="named twice"):
         App("x", output_topic="out", process=process, inputs=["a"], tables={"t": "a"})
-    with pytest.raises(ValueError, match="not supported yet"):
-        App("x", output_topic="out", process=process, inputs=["a", "b"], on_timer=lambda s, t: [])
     with pytest.raises(ValueError, match="stateful=True"):
         App("x", output_topic="out", process=process, inputs=["a"], tables={"t": "b"}, stateful=False)
 

@@ -12,7 +12,11 @@ stream and every co-partitioned table, one state, one transaction, taken in time
                 (pipeline/state/changelog.py), so that the checker can replay exactly this interleaving
     rewind      state and tables undone, the queues emptied, every topic sought back to its committed offset
 
-Timers are not supported with several inputs yet (App refuses them).
+    timers      stream time is the largest timestamp among the records p has taken from any of its topics (tables
+                included); before each record, stream timers due at its timestamp or earlier fire. A firing is
+                named by its position in p's merge: how many records p had taken before it (`taken`, kept in the
+                state as of each commit), the same for wall-clock timers, which fire on the loop's turn. A replay takes
+                the checkpoints' order, so it fires the same timers at the same positions (pipeline/testing/oracle/)
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
@@ -33,7 +37,10 @@ from pipeline.serde import skip_bytes_deserialize
 from pipeline.sinks.kafka.task import Encoded, KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction
 from pipeline.state.changelog import Checkpoint
+from pipeline.state.snapshot_format import Manifest
+from pipeline.state.store import PartitionState
 from pipeline.state.tables import TableStore
+from pipeline.state.timed import TimedState
 
 
 class MultiInputTask(KafkaTask):
@@ -56,6 +63,12 @@ class MultiInputTask(KafkaTask):
         self._rank = {topic: i for i, topic in enumerate(self._merge_order)}
         self._runs = OrderRuns()  # of the open transaction, in the order taken
         self._idle_s = self.settings.max_task_idle_ms / 1000
+        self.taken = 0  # records taken so far (all topics): the position of a timer firing
+        self._burst = False  # stream timers due before the next record are more than fire in one turn
+
+    def restored(self, state: PartitionState, snapshot_base: Manifest | None = None, end: int | None = None) -> None:
+        super().restored(state, snapshot_base, end)
+        self.taken = self.state.taken if isinstance(self.state, TimedState) else 0
 
     def table_views(self) -> dict[str, Mapping[Any, Any]]:
         return {**super().table_views(), **{self._table_names[t]: s.view for t, s in self.tables.items()}}
@@ -107,12 +120,40 @@ class MultiInputTask(KafkaTask):
         self._take_in_order()
 
     def tick(self, now_ms: int) -> None:
-        """Every loop turn: an empty input may have been waited for long enough."""
-        if self._phase is Phase.RUNNING:
-            self._take_in_order()
+        """Every loop turn: a burst of due stream timers goes on, or the wall-clock timers due fire (at most
+        TIMERS_PER_TURN); then an empty input may have been waited for long enough."""
+        if self._phase is not Phase.RUNNING:
+            return
+        timers = self._timers
+        if timers is not None:
+            state = cast(TimedState, self.state)
+            clock, now = ("stream", state.stream_time_ms) if self._burst else ("wall", now_ms)
+            if now is not None and (self._burst or state.due("wall", now)):
+                if not self.batch_open:
+                    self._begin()
+                if timers.fire(state, clock, now, self.taken) and self._burst:
+                    self._hold(False)  # the burst is over: the records behind it go on
+                self.producer.poll(0)
+            if self._burst:
+                return
+        self._take_in_order()
+
+    @property
+    def holding(self) -> bool:
+        return self._burst
+
+    def _hold(self, holding: bool) -> None:
+        """A burst of due stream timers holds every topic of p (fetching paused) until it is over."""
+        if holding != self._burst:
+            self._burst = holding
+            self._pause_input(holding)
+
+    def _pause_input(self, paused: bool) -> None:
+        tps = [TopicPartition(topic, self.partition) for topic in self.topics]
+        self.ctx.consumer.pause(tps) if paused else self.ctx.consumer.resume(tps)
 
     def _take_in_order(self) -> None:
-        while self._phase is Phase.RUNNING:
+        while self._phase is Phase.RUNNING and not self._burst:
             merged = self._next_run()
             if not merged:
                 return
@@ -134,6 +175,7 @@ class MultiInputTask(KafkaTask):
         records update the table, and every record extends the transaction's order runs."""
         partition, produce = self.partition, self.producer.produce
         index, tables, decoders, nexts, runs = self._index, self.tables, self._decoders, self.next_offsets, self._runs
+        timers, timed = self._timers, cast(TimedState, self.state)
         processed = produced = 0
         for msg in merged:
             if self._phase is not Phase.RUNNING:
@@ -141,6 +183,11 @@ class MultiInputTask(KafkaTask):
             topic, offset = msg.topic(), msg.offset()
             if not self.batch_open:
                 self._begin()
+            if timers is not None and not timers.before_record(timed, self.taken, msg.timestamp()[1]):
+                self._put_back(merged[processed:])  # more are due than fire in one turn: they wait for the burst
+                self._hold(True)
+                break
+            self.taken += 1
             i = index[topic]
             runs.note(i)
             if topic in tables:
@@ -158,6 +205,11 @@ class MultiInputTask(KafkaTask):
         if processed:
             self.note_batch(merged, merged[processed - 1], processed, produced)
         self.producer.poll(0)
+
+    def _put_back(self, records: list[Consumed]) -> None:
+        """Records taken from their queues but not processed go back to the front of them, in order."""
+        for msg in reversed(records):
+            self._queues[msg.topic()].appendleft(msg)
 
     def _attempt(self, msg: Consumed, topic: str, offset: int, decoders: tuple[Any, Any]) -> list[Encoded] | None:
         decode_key, decode_value = decoders
@@ -188,6 +240,8 @@ class MultiInputTask(KafkaTask):
         """Step 1: p's state changes and a checkpoint naming every topic's next offset and the order taken; the
         offsets of every topic with a position for step 2."""
         order = self._runs.encode()
+        if isinstance(self.state, TimedState):
+            self.state.note_taken(self.taken)
         checkpoint = Checkpoint(self.input_topic, self.partition, self.next_offset, dict(self.next_offsets), order)
         self._stage_changelog(checkpoint)
         self._staged += 1
@@ -207,4 +261,6 @@ class MultiInputTask(KafkaTask):
         self._runs.clear()
         for queue in self._queues.values():
             queue.clear()
+        self._hold(False)  # the queues are fetched again after the seek
         super().rewind()
+        self.taken = self.state.taken if isinstance(self.state, TimedState) else 0

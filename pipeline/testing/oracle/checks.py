@@ -177,15 +177,19 @@ def _dead_letter_mismatch(entry: DeadLetterEntry, original: KafkaRecord | None) 
     return "; ".join(diffs)
 
 
-def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord]) -> Findings:
+def check_order(outputs: Iterable[KafkaRecord], extras: Collection[Coord], merged_positions: bool = False) -> Findings:
     """In each output partition, the outputs of each input partition must come in non-decreasing input offset
-    (several outputs of one input share its offset). Outputs of different input partitions may interleave."""
+    (several outputs of one input share its offset). Outputs of different input partitions may interleave.
+    `merged_positions`: an App with several inputs, whose timer firings are placed by their position in p's merge,
+    not by an input offset: their outputs are a lane of their own, in non-decreasing position."""
     found = Findings()
     last: dict[tuple[int, int, int], int] = {}  # (output partition, input partition, input) -> last offset seen
     for out in sorted(outputs, key=lambda r: r.coord):
         if out.coord in extras or (source := _order_source(out)) is None:
             continue
         lane = (out.partition, source[0], source[2] if len(source) > 2 else 0)  # each input partition's own
+        if merged_positions and out.source is None:
+            lane = (out.partition, source[0], -1)  # a timer's: positions in the merge
         previous = last.get(lane, -1)
         if source[1] < previous:
             found.add(
@@ -269,7 +273,8 @@ def check(app: App, run: RunData) -> Verdict:
     # A record rejected on purpose is folded all the same: the reference must reject it too.
     skip = {coord for coord, entries in dead.items() if not all(e.letter.rejected for e in entries)}
     if several:
-        reference = fold_several(app, run, skip, verdict.content)
+        walls = [f for f in by_firing if f.clock == "wall"]
+        reference = fold_several(app, run, skip, verdict.content, walls)
     else:
         reference = fold_reference(
             app,
@@ -285,7 +290,8 @@ def check(app: App, run: RunData) -> Verdict:
     timer_dead = timer_dead_letters(run.dead_letters.records)
     timers = reference.timers
     timer_extras = check_timers(by_firing, timers, verdict, _output_mismatch, timer_dead) if timers else set()
-    verdict.order = check_order(run.outputs.records, extra_outputs(by_source, reference) | timer_extras)
+    extras = extra_outputs(by_source, reference) | timer_extras
+    verdict.order = check_order(run.outputs.records, extras, merged_positions=several)
     values = not app.global_tables  # values read from a global table are the App's own check's business
     check_content(inputs, run.outputs.records, by_source, dead, reference, verdict.content, values)
     if run.changelog is not None:

@@ -20,14 +20,18 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 from pipeline.app import DEAD_LETTERS, HELD_HEADER, App, Reject
+from pipeline.core.provenance import TimerSource
 from pipeline.serde import JSON
 from pipeline.state.changelog import Checkpoint, is_checkpoint, order_runs
 from pipeline.state.store import PartitionState
 from pipeline.state.tables import TableStore, TableView
+from pipeline.state.timed import TimedState
 from pipeline.testing.oracle.records import Coord, ExpectedOutput, KafkaRecord, RunData
 from pipeline.testing.oracle.reference import Reference, encode_output
+from pipeline.testing.oracle.timers import Firings, new_state
 from pipeline.testing.oracle.verdict import Findings
 
 GLOBAL_TABLE_NOTE = "the App reads global tables: output values compared by its own check (App.check), not here"
@@ -156,16 +160,28 @@ def fold_several(
     run: RunData,
     skip: Iterable[Coord],
     found: Findings,
+    wall_firings: Iterable[TimerSource] = (),
     order: Mapping[int, list[tuple[int, KafkaRecord]]] | None = None,
 ) -> Reference:
     """app.process run offline over each partition's records in the order the run took them (`order`; None: as its
-    checkpoints name it)."""
+    checkpoints name it); timers fired by the rule (oracle/timers.py), at positions counted in that order."""
     reference, skipped = Reference(), set(skip)
     topics = topics_of(run)
     table_topics = {t.topic: name for name, t in app.table_specs.items()}
     global_updates = _global_updates(app, run)
+    firings = reference.timers = (
+        Firings(
+            app,
+            lambda out: encode_output(app, out),
+            run.outputs.topic,
+            wall_firings,
+            lambda out: _held_dead_letter(app, out.headers, run, reference),
+        )
+        if app.timed
+        else None
+    )
     for p, taken in (processing_order(app, run, found) if order is None else order).items():
-        state = PartitionState(app.state_serde)
+        state = new_state(app)
         tables = {topic: TableStore(app.table_specs[name]) for topic, name in table_topics.items()}
         globals_now = {name: TableStore(app.global_table_specs[name]) for name in app.global_table_specs}
         state.tables = {
@@ -174,7 +190,9 @@ def fold_several(
         }
         pending = iter(global_updates)
         update = next(pending, None)
-        for i, record in taken:
+        for position, (i, record) in enumerate(taken):
+            if firings is not None:
+                firings.before(cast(TimedState, state), p, position, record.timestamp_ms)
             while update is not None and update[0] <= record.timestamp_ms:  # the global tables as of this record
                 globals_now[update[1]].load(update[2].key, update[2].value)
                 update = next(pending, None)
@@ -182,6 +200,11 @@ def fold_several(
                 tables[topics[i]].load(record.key, record.value)
             elif coord(record, i) not in skipped:
                 _fold_record(app, state, record, topics[i], coord(record, i), run, reference)
+        if firings is not None:
+            timed = cast(TimedState, state)
+            firings.walls_until(timed, p, None)
+            timed.note_taken(len(taken))  # as the run's last commit wrote it
+            timed.commit()
         reference.states[p] = dict(state.encoded_items())
     return reference
 

@@ -7,7 +7,8 @@ runtime's firing code:
 - stream time: before each input record (also one that is dead-lettered or fails), stream time moves to its
   timestamp and every stream timer due then fires, by due time then key, before the record is processed. Such a
   firing is named (partition, that record's offset, "stream", due time, key): the same name the runtime's eos.timer
-  header gives its outputs.
+  header gives its outputs. With several inputs or tables (oracle/inputs.py) the records are those of every topic of
+  p in the order the run took them, and the position is the record's place in that order (records taken before it).
 - wall clock: when a wall-clock timer fires depends on the machine's clock, so the reference cannot know it. It fires
   each one where the run's outputs say it fired (position, due time), if it is pending there; a firing the reference
   cannot place is reported. A wall-clock timer whose on_timer wrote no output, and TTL on the wall clock, leave no
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from pipeline.app import App, Output
+from pipeline.app import DEAD_LETTERS, App, Output
 from pipeline.core.deadletter import PREFIX as DEAD_LETTER_PREFIX
 from pipeline.core.provenance import TIMER_HEADER, TimerSource, decode_timer
 from pipeline.state.store import PartitionState
@@ -45,8 +46,16 @@ def timer_name(firing: TimerSource) -> str:
 class Firings:
     """What the reference fires, and what it could not: outputs per firing, failures, unplaceable run firings."""
 
-    def __init__(self, app: App, encode: Encode, output_topic: str, wall_firings: Iterable[TimerSource]) -> None:
+    def __init__(
+        self,
+        app: App,
+        encode: Encode,
+        output_topic: str,
+        wall_firings: Iterable[TimerSource],
+        held: Callable[[Output], None] | None = None,
+    ) -> None:
         self.app, self.encode, self.output_topic = app, encode, output_topic
+        self.held = held  # an on_timer output that dead-letters a held record (app.dead_letter); None: ignored
         self.outputs: dict[TimerSource, list[ExpectedOutput]] = {}
         self.failures: dict[TimerSource, str] = {}
         self.unplaceable: list[tuple[TimerSource, str]] = []
@@ -55,13 +64,17 @@ class Firings:
             self._walls[firing.partition].append(firing)  # popped from the end: earliest first
 
     def before_record(self, state: TimedState, record: KafkaRecord) -> None:
-        self.walls_until(state, record.partition, record.offset)
-        if record.timestamp_ms >= 0:
-            state.advance_stream_time(record.timestamp_ms)
+        self.before(state, record.partition, record.offset, record.timestamp_ms)
+
+    def before(self, state: TimedState, partition: int, position: int, timestamp_ms: int) -> None:
+        """What fires before the record at `position` of `partition`, which has this timestamp."""
+        self.walls_until(state, partition, position)
+        if timestamp_ms >= 0:
+            state.advance_stream_time(timestamp_ms)
         # No stream time yet (no record with a timestamp so far): nothing is due, as in the runtime (core/timers.py).
         while (now := state.stream_time_ms) is not None and (due := state.pop_due("stream", now)) is not None:
             key = due.entry[len(TIMER_PREFIXES["stream"]) :]
-            self._fire(state, due, TimerSource(record.partition, record.offset, "stream", due.at_ms, key))
+            self._fire(state, due, TimerSource(partition, position, "stream", due.at_ms, key))
 
     def walls_until(self, state: TimedState, partition: int, position: int | None) -> None:
         """Fires the run's wall-clock firings of `partition` placed before `position` (None: all that are left)."""
@@ -91,6 +104,9 @@ class Firings:
                 self.outputs.setdefault(firing, []).extend(
                     self.encode(out) for out in outputs if out.topic in (None, self.output_topic)
                 )
+                for out in outputs:
+                    if out.topic is DEAD_LETTERS and self.held is not None:
+                        self.held(out)
             except Exception as e:
                 state.undo_record()
                 state.remove(due)  # the runtime dead-letters it (or stops, ON_POISON=stop): removed, changes undone
