@@ -56,11 +56,13 @@ def next_run(
     return taken
 
 
-def must_wait(idle_s: float, empty_since: float, now: float, end: int, position: int | None) -> bool:
-    """An empty queue is waited for while its topic's end (`end`, the cached high watermark; < 0: not known yet) is
-    beyond the task's `position`, for at most `idle_s` since it ran dry (< 0: never)."""
+def must_wait(idle_s: float, empty_since: float, now: float, end_of: Callable[[], int], position: int | None) -> bool:
+    """An empty queue is waited for while its topic's end (`end_of()`, the cached high watermark; < 0: not known yet)
+    is beyond the task's `position`, for at most `idle_s` since it ran dry (< 0: never). The end is asked only within
+    that time: every empty queue is looked at on every take."""
     if idle_s < 0 or now - empty_since >= idle_s:
         return False
+    end = end_of()
     return end < 0 or (position or 0) < end
 
 

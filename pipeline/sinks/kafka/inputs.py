@@ -167,8 +167,11 @@ class MultiInputTask(KafkaTask):
 
     def _must_wait(self, topic: str, now: float) -> bool:
         """Whether an empty queue holds the others back (pipeline/core/merge.py: must_wait)."""
-        _, end = self.ctx.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)
-        return must_wait(self._idle_s, self._empty_since[topic], now, end, self.next_offsets[topic])
+
+        def end_of() -> int:
+            return int(self.ctx.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)[1])
+
+        return must_wait(self._idle_s, self._empty_since[topic], now, end_of, self.next_offsets[topic])
 
     def _process_merged(self, merged: list[Consumed]) -> None:
         """KafkaTask.process's loop, for records of several topics: the source header names the topic, a table's

@@ -157,10 +157,12 @@ class PostgresMultiTask(PostgresTask):
             self._process_merged(merged)
 
     def _must_wait(self, topic: str, now: float) -> bool:
-        end = -1
-        if self.consumer is not None:
-            _, end = self.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)
-        return must_wait(self._idle_s, self._empty_since[topic], now, end, self.next_offsets[topic])
+        def end_of() -> int:
+            if self.consumer is None:
+                return -1
+            return int(self.consumer.get_watermark_offsets(TopicPartition(topic, self.partition), cached=True)[1])
+
+        return must_wait(self._idle_s, self._empty_since[topic], now, end_of, self.next_offsets[topic])
 
     def _process_merged(self, merged: list[Consumed]) -> None:
         app, state, index, tables, nexts = self.app, self.state, self._index, self.tables, self.next_offsets
