@@ -90,7 +90,7 @@ launch() {
   mkdir -p "$DIR/data"
   : >"$LOG"  # a restarted registry must not be judged by its previous run's lines
   # QUARKUS_HTTP_HOST: without it Quarkus listens on every interface. The global rule set here applies from the first
-  # request (the ccompat /config endpoint still reports NONE until it is set through the API, done below).
+  # request, before set_compatibility stores it.
   # shellcheck disable=SC2086
   QUARKUS_HTTP_HOST=127.0.0.1 HTTP_PORT="$PORT" REGISTRY_DATASOURCE_URL="$(datasource_url)" \
     REGISTRY_RULES_GLOBAL_COMPATIBILITY="$COMPATIBILITY" \
@@ -113,14 +113,21 @@ wait_ready() {
   done
 }
 
+# Apicurio stores the global rule through the API (the environment's default rule is enforced, but GET /config would
+# report NONE). Setting NONE while no rule is stored answers 404 "No rule named 'COMPATIBILITY'": already NONE.
 set_compatibility() {
-  curl -sf -m 10 -o /dev/null -X PUT -H 'Content-Type: application/vnd.schemaregistry.v1+json' \
-    -d "{\"compatibility\": \"$COMPATIBILITY\"}" "$URL/config" \
-    || die "setting the registry's global compatibility to $COMPATIBILITY failed ($URL/config)"
+  local status
+  status=$(curl -s -m 10 -o "$DIR/config.answer" -w '%{http_code}' -X PUT \
+    -H 'Content-Type: application/vnd.schemaregistry.v1+json' -d "{\"compatibility\": \"$COMPATIBILITY\"}" \
+    "$URL/config") || status=000
+  [[ "$status" == 200 || ("$status" == 404 && "$COMPATIBILITY" == NONE) ]] \
+    || die "setting the global compatibility to $COMPATIBILITY failed ($URL/config): HTTP $status" \
+      "$(cat "$DIR/config.answer" 2>/dev/null)"
 }
 
 start() {
   require_command curl "Install curl (Debian: apt-get install curl)."
+  mkdir -p "$DIR"
   if ! pid_is_alive "$PID_FILE" && answers; then
     info "a Schema Registry not started by this script answers on $URL (pid $(listener_pid)): using it"
     set_compatibility
