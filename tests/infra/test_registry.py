@@ -6,18 +6,15 @@ a schema that breaks it is refused with HTTP 409 (Apicurio answers error_code 0 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from tests.plugins.registry import REGISTRY_SH, SchemaRegistry
+from tests.plugins.registry import SchemaRegistry
 
 V1 = {"type": "record", "name": "Total", "fields": [{"name": "account", "type": "string"}]}
 # BACKWARD: a reader of V2 reads V1's records (the new field has a default); BROKEN's new field has none.
@@ -83,48 +80,38 @@ def test_a_soft_deleted_subject_is_hidden_and_a_second_soft_delete_is_refused(
     assert again.value.http_status_code == 400  # Apicurio's answer; Confluent's registry answers 404
 
 
-def test_a_paused_registry_does_not_answer_until_resumed(schema_registry: SchemaRegistry, subject: str) -> None:
+def test_the_fixtures_pid_is_the_registrys_java_process(schema_registry: SchemaRegistry) -> None:
+    """What pause() signals: the java process that answers on the URL's port (not registry.sh, long gone)."""
+    if schema_registry.pid is None:
+        pytest.skip("SCHEMA_REGISTRY_URL names an external registry: no local process")
+    cmdline = Path(f"/proc/{schema_registry.pid}/cmdline").read_bytes().split(b"\0")
+    assert Path(cmdline[0].decode()).name == "java" and any(arg.endswith(b"-runner.jar") for arg in cmdline)
+    port = schema_registry.url.split(":")[2].split("/")[0]
+    listening = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True)
+    assert f"pid={schema_registry.pid}," in listening.stdout
+
+
+def test_a_paused_registry_does_not_answer_until_resumed(private_schema_registry: SchemaRegistry) -> None:
     """The switch the fault tests use to take the registry away mid-run (SIGSTOP: connections accepted, no answer)."""
-    impatient = SchemaRegistryClient({"url": schema_registry.url, "timeout": 2, "max.retries": 0})
-    schema_registry.pause()
+    subject = f"test-registry-{uuid.uuid4().hex[:12]}-value"
+    impatient = SchemaRegistryClient({"url": private_schema_registry.url, "timeout": 2, "max.retries": 0})
+    private_schema_registry.pause()
     try:
         with pytest.raises(Exception) as unanswered:  # httpx's or httpx2's, whichever the client was installed with
             impatient.register_schema(subject, avro(V1))
         assert "Timeout" in type(unanswered.value).__name__, repr(unanswered.value)
     finally:
-        schema_registry.resume()
+        private_schema_registry.resume()
     assert impatient.register_schema(subject, avro(V1)) > 0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def own_registry(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A second local registry of its own (port, run dir), so that restarting it disturbs no other test."""
-    if os.environ.get("SCHEMA_REGISTRY_URL"):
-        pytest.skip("SCHEMA_REGISTRY_URL names an external registry: the local one's storage is not under test")
-    env = {**os.environ, "REGISTRY_PORT": str(free_port()), "PIPELINE_RUN_DIR": str(tmp_path)}
-    yield env
-    subprocess.run([str(REGISTRY_SH), "stop"], env=env, check=True, capture_output=True, timeout=60)
-
-
-def test_the_local_registry_keeps_its_schemas_across_a_restart(own_registry: dict[str, str]) -> None:
-    def registry_sh(*args: str) -> str:
-        done = subprocess.run([str(REGISTRY_SH), *args], env=own_registry, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip()
-
-    registry_sh("start")
-    url = registry_sh("url")
+def test_the_local_registry_keeps_its_schemas_and_rule_across_a_restart(
+    private_schema_registry: SchemaRegistry,
+) -> None:
     subject = f"test-registry-{uuid.uuid4().hex[:12]}-value"
-    schema_id = SchemaRegistryClient({"url": url}).register_schema(subject, avro(V1))
-    registry_sh("stop")
-    registry_sh("start")
-    after = SchemaRegistryClient({"url": url})
+    schema_id = SchemaRegistryClient({"url": private_schema_registry.url}).register_schema(subject, avro(V1))
+    private_schema_registry.restart()
+    after = SchemaRegistryClient({"url": private_schema_registry.url})
     assert after.get_subjects() == [subject]
     assert after.get_latest_version(subject).schema_id == schema_id
     assert after.get_compatibility() == "BACKWARD"
