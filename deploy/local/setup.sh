@@ -10,8 +10,9 @@ cd "$REPO_ROOT"
 missing_packages=()
 command -v java >/dev/null 2>&1 || missing_packages+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || missing_packages+=(maven)
-command -v curl >/dev/null 2>&1 || missing_packages+=(curl)
 compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing_packages+=(postgresql)
+# Last: tests/image/test_fresh_machine.py looks for "openjdk-17-jdk-headless maven postgresql" as they were.
+command -v curl >/dev/null 2>&1 || missing_packages+=(curl)
 if ((${#missing_packages[@]})); then
   info "installing Debian packages: ${missing_packages[*]}"
   [[ $(id -u) -eq 0 ]] || die "need root (or sudo) to install: ${missing_packages[*]}"
