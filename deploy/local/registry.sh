@@ -4,7 +4,7 @@
 #
 #   deploy/local/registry.sh build|start|stop [--wipe]|status|url|pid|logs [N]|pause|resume
 #
-# build   assembles the registry from Maven Central once (deploy/local/registry/pom.xml; ~1.5 min cold, then cached
+# build   assembles the registry from Maven Central once (deploy/local/registry/pom.xml; 1.5-2 min cold, then cached
 #         under the cache dir with the jars in the Maven repository): `make setup` runs it.
 # start   builds if needed, starts it on 127.0.0.1:$REGISTRY_PORT (default 18081) with -Xmx256m, waits until
 #         GET /apis/ccompat/v7/subjects answers, and sets the global compatibility to BACKWARD (Apicurio's default is
@@ -12,13 +12,17 @@
 # url     prints the URL clients are given (schema.registry.url): http://127.0.0.1:18081/apis/ccompat/v7
 # pid     prints the pid of the registry's java process (this script's, else the one listening on the port)
 # pause / resume   SIGSTOP / SIGCONT that process (fault tests).
+# Settings: REGISTRY_PORT, REGISTRY_STORAGE (file|memory), REGISTRY_COMPATIBILITY, REGISTRY_JAVA_OPTS,
+# REGISTRY_READY_TIMEOUT_S (120), REGISTRY_MAVEN_SETTINGS; PIPELINE_RUN_DIR / PIPELINE_CACHE_DIR as for the others.
 #
 # Storage: Apicurio 2.4's in-memory storage is an in-memory H2 database, lost on restart. Given a file instead
 # (REGISTRY_DATASOURCE_URL, a run-time setting), the same H2 keeps the schemas and rules under the run dir across
-# restarts, with no other artifact: `stop --wipe` starts over, REGISTRY_STORAGE=memory keeps nothing. The PostgreSQL
-# and KafkaSQL variants were not used: the database kind is fixed when Quarkus builds the app (another build with
-# another JDBC driver), Maven Central has no apicurio-registry-storage-sql artifact, and either would tie this
-# registry to another server's life (postgres.sh, the broker) in tests that pause and restart those.
+# restarts, with no other artifact: `stop --wipe` starts over, REGISTRY_STORAGE=memory keeps nothing. PostgreSQL
+# assembles too (tried: io.quarkus:quarkus-jdbc-postgresql in the pom and -Dquarkus.datasource.db-kind=postgresql at
+# build time, the database kind being fixed then; REGISTRY_DATASOURCE_URL/_USERNAME/_PASSWORD at run time; schemas
+# kept across a restart) but is not used: the tests kill and restart PostgreSQL (tests/postgres), which would take the
+# registry down under other tests, and every registry test would need postgres.sh. KafkaSQL: not tried, for the same
+# reason with the broker.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
