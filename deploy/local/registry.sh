@@ -31,6 +31,7 @@ URL="http://127.0.0.1:$PORT/apis/ccompat/v7"
 READY_TIMEOUT_S="${REGISTRY_READY_TIMEOUT_S:-120}"
 COMPATIBILITY="${REGISTRY_COMPATIBILITY:-BACKWARD}"
 STORAGE="${REGISTRY_STORAGE:-file}"
+[[ "$STORAGE" == file || "$STORAGE" == memory ]] || die "REGISTRY_STORAGE must be file or memory, not '$STORAGE'"
 # C1 only (-XX:TieredStopAtLevel=1): a test registry answers a few requests per test, and C2's compiling at start-up
 # doubled its CPU to ready (10-12 s against 4.5-5.5 s, wall 24-31 s against 6-8 s on the loaded 2-core machine).
 JAVA_OPTS="${REGISTRY_JAVA_OPTS:--Xmx256m -XX:TieredStopAtLevel=1}"
@@ -88,7 +89,6 @@ datasource_url() {
     # WRITE_DELAY=0: a schema whose id was handed out is on disk, also when the registry is then killed.
     file) echo "jdbc:h2:file:$DIR/data/registry;WRITE_DELAY=0" ;;
     memory) echo "jdbc:h2:mem:registry_db" ;;
-    *) die "REGISTRY_STORAGE must be file or memory, not '$STORAGE'" ;;
   esac
 }
 
@@ -97,8 +97,8 @@ launch() {
   : >"$LOG"  # a restarted registry must not be judged by its previous run's lines
   # QUARKUS_HTTP_HOST: without it Quarkus listens on every interface. The global rule set here applies from the first
   # request, before set_compatibility stores it.
-  # shellcheck disable=SC2086
   # A pool of 2 connections to start with instead of the app's 20: one embedded H2, a handful of clients.
+  # shellcheck disable=SC2086
   QUARKUS_HTTP_HOST=127.0.0.1 HTTP_PORT="$PORT" REGISTRY_DATASOURCE_URL="$(datasource_url)" \
     QUARKUS_DATASOURCE_JDBC_INITIAL_SIZE=2 QUARKUS_DATASOURCE_JDBC_MIN_SIZE=2 \
     REGISTRY_RULES_GLOBAL_COMPATIBILITY="$COMPATIBILITY" \
