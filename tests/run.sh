@@ -16,10 +16,16 @@ started_broker=0
 if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]] && ! deploy/local/kafka.sh status | grep -q running; then
     deploy/local/kafka.sh start && started_broker=1
 fi
-stop_broker() {
+# The same for the Schema Registry (tests/plugins/registry.py).
+started_registry=0
+if [[ -z "${SCHEMA_REGISTRY_URL:-}" ]] && [[ "$(deploy/local/registry.sh status)" == stopped ]]; then
+    deploy/local/registry.sh start && started_registry=1
+fi
+stop_servers() {
     if [[ $started_broker == 1 && "${KEEP_KAFKA:-}" != 1 ]]; then deploy/local/kafka.sh stop >/dev/null; fi
+    if [[ $started_registry == 1 && "${KEEP_REGISTRY:-}" != 1 ]]; then deploy/local/registry.sh stop 2>/dev/null; fi
 }
-trap stop_broker EXIT
+trap stop_servers EXIT
 
 other_producers=$($PY -c 'from pipeline.settings import PER_PARTITION, PER_PROCESS, Settings
 print(PER_PROCESS if Settings.producers == PER_PARTITION else PER_PARTITION)')

@@ -2,8 +2,8 @@
 with no JDK, Maven, PostgreSQL, virtualenv or Kafka, in its own network namespace; a clean clone of the committed
 HEAD; setup installs what is missing and the demo ends with the checker's clean verdict.
 
-Slow (minutes: it downloads a JDK, Maven, PostgreSQL, pyspark and the Kafka and Spark jars) and skipped, with the
-reason, where no container engine can run.
+Slow (minutes: it downloads a JDK, Maven, PostgreSQL, pyspark, the Kafka and Spark jars, and builds the Schema
+Registry) and skipped, with the reason, where no container engine can run.
 """
 
 from __future__ import annotations

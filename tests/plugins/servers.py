@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-SERVER_FIXTURES = frozenset({"kafka_bootstrap", "kafka_cluster", "kafka_secure", "postgres_dsn", "spark", "engine"})
+SERVER_FIXTURES = frozenset(
+    {
+        *("kafka_bootstrap", "kafka_cluster", "kafka_secure", "postgres_dsn", "spark", "engine"),
+        *("schema_registry", "private_schema_registry"),
+    }
+)
 SERVER_DIRS = frozenset({"infra", "integration", "faults", "postgres", "security", "image"})
 SERVER_MARKERS = frozenset({"cluster", "secure", "postgres", "spark", "image"})
 

@@ -194,6 +194,22 @@ def test_compose_pipelines() -> None:
     assert services["compaction"]["command"][:2] == ["snapshots", "compact"]
 
 
+def test_compose_schema_registry_matches_the_local_one() -> None:
+    """The same Apicurio version as deploy/local/registry.sh builds, on its port (loopback only), with its rule."""
+    service = compose()["services"]["schema-registry"]
+    lines = (DEPLOY / "versions.env").read_text().splitlines()
+    versions = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    script = (DEPLOY / "local" / "registry.sh").read_text()
+    port = re.search(r'PORT="\$\{REGISTRY_PORT:-(\d+)\}"', script)
+    rule = re.search(r'COMPATIBILITY="\$\{REGISTRY_COMPATIBILITY:-(\w+)\}"', script)
+    assert port and rule, "REGISTRY_PORT / REGISTRY_COMPATIBILITY defaults not found in deploy/local/registry.sh"
+    image, tag = service["image"].split(":")
+    assert image == "apicurio/apicurio-registry-mem" and tag == versions["APICURIO_REGISTRY_VERSION"]
+    assert service["ports"] == [f"127.0.0.1:{port.group(1)}:8080"]
+    assert service["environment"]["REGISTRY_RULES_GLOBAL_COMPATIBILITY"] == rule.group(1)
+    assert "/apis/ccompat/v7/" in " ".join(service["healthcheck"]["test"])
+
+
 def promql_metric_names(text: str) -> set[str]:
     return set(re.findall(r"\bpipeline_[a-z_]+\b", text))
 
