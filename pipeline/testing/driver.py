@@ -25,7 +25,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from confluent_kafka import Message
 
@@ -34,8 +34,9 @@ from pipeline.app import App, Timer
 from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop, log_stop
-from pipeline.core.provenance import TimerSource, decode_source, decode_timer
+from pipeline.core.provenance import decode_source, decode_timer
 from pipeline.metrics import Metrics
+from pipeline.registry import bound_for_tests
 from pipeline.sinks.kafka.commit import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
@@ -47,22 +48,10 @@ from pipeline.state.timed import TimedState
 from pipeline.testing.memory import MemoryBroker, MemoryConsumer, MemoryProducer
 from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
 from pipeline.testing.oracle.records import KafkaRecord
+from pipeline.testing.produced import Produced
 from pipeline.testing.strict import watched
 
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
-
-
-class Produced(NamedTuple):
-    """One output, decoded with the App's output serdes."""
-
-    key: Any
-    value: Any
-    topic: str
-    partition: int
-    # The input record it came from: (partition, offset), with the input's index for another than the first input
-    # (several inputs); None for a timer's.
-    source: tuple[int, int] | tuple[int, int, int] | None
-    timer: TimerSource | None  # the timer firing it came from; None for a record's
 
 
 class AppDriver:
@@ -76,8 +65,10 @@ class AppDriver:
         wall_clock_ms: int = 0,
         auto_commit: bool = True,
         strict: bool = False,
+        schema_registry: Any = None,
         **settings: Any,
     ) -> None:
+        app, self.schema_registry = bound_for_tests(app, schema_registry)  # registry serdes: in memory by default
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
         self.strict = strict
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
@@ -209,7 +200,7 @@ class AppDriver:
                     self._guarded(task, commit_transaction, task.txn, self.consumer)
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
-                    if rewound_now or self._unfetched(p):
+                    if rewound_now or (self._unfetched(p) and not task.waiting_for_registry):  # next call, that
                         rewound.append(p)
             if not rewound:
                 return
@@ -220,7 +211,7 @@ class AppDriver:
     def deploy(self, app: App) -> None:
         """New code takes over every partition, as a deploy that stops the old processes hard: open transactions are
         lost; the state is restored from the changelog (and migrated, for a new state version)."""
-        self.app = app
+        self.app = app = bound_for_tests(app, self.schema_registry)[0]
         self._ctx = replace(self._ctx, app=self._runtime_app(app))
         self.crash()
 
@@ -370,6 +361,7 @@ class AppDriver:
     def _pump(self, p: int) -> None:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
         task = self.tasks[p]
+        task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
                 task.try_seek_back(self.consumer)  # type: ignore[arg-type]
