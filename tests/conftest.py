@@ -21,7 +21,12 @@ from tests.support import docker_available, eventually
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "deploy" / "local" / "kafka.sh"
 
-pytest_plugins = ["tests.plugins.postgres", "tests.plugins.spark", "tests.plugins.servers"]
+pytest_plugins = [
+    "tests.plugins.postgres",
+    "tests.plugins.registry",
+    "tests.plugins.spark",
+    "tests.plugins.servers",
+]
 
 
 def _kafka_sh(*args: str) -> str:

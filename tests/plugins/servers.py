@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
-SERVER_FIXTURES = frozenset({"kafka_bootstrap", "kafka_cluster", "kafka_secure", "postgres_dsn", "spark", "engine"})
+SERVER_FIXTURES = frozenset(
+    {"kafka_bootstrap", "kafka_cluster", "kafka_secure", "postgres_dsn", "schema_registry", "spark", "engine"}
+)
 SERVER_DIRS = frozenset({"infra", "integration", "faults", "postgres", "security", "image"})
 SERVER_MARKERS = frozenset({"cluster", "secure", "postgres", "spark", "image"})
 
