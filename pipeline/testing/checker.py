@@ -22,6 +22,7 @@ from pipeline.app import App
 from pipeline.kafka.acls import Names
 from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout
 from pipeline.loading import load_app
+from pipeline.registry import bind
 from pipeline.settings import Settings
 from pipeline.testing import postgres_checker
 from pipeline.testing.drain import Topics, drain_run
@@ -41,10 +42,14 @@ def verify(
     group_id: str | None = None,
     timeout_s: float = 60.0,
     extra_config: Mapping[str, Any] | None = None,
+    schema_registry: Any = None,
 ) -> Verdict:
     """Drains what the run left in Kafka and checks it. `timeout_s` bounds each drain (they run in parallel) and
-    each metadata or offsets request. `extra_config` (security etc.) goes to every client. Raises
+    each metadata or offsets request. `extra_config` (security etc.) goes to every client. `schema_registry`: the
+    registry client that an App's registry serdes not bound yet decode with (pipeline/registry). Raises
     ReadToEndTimeout if a topic cannot be read to its end (an open transaction: verify after the run stopped)."""
+    if schema_registry is not None:
+        app = bind(app, schema_registry)
     topics = Topics.for_app(
         app,
         input_topic=input_topic,
