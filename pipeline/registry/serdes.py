@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import io
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from pipeline.registry.avro_codec import compile_schema
 from pipeline.serde import RegistryUnavailable, SchemaError
 
 SUBJECT_STRATEGIES = ("topic", "record", "topic_record")
@@ -27,6 +30,11 @@ class _Binding:
     context: Any  # confluent_kafka.serialization.SerializationContext
     serializer: Callable[[Any, Any], bytes | None] | None = None
     deserializer: Callable[[bytes, Any], Any] | None = None
+    # AvroSerde's fast path (what confluent-kafka's own path does when no rule applies): the 5 header bytes (magic
+    # byte, schema id) -> decode(data),
+    # and encode(obj) once the header is known (pipeline/registry/avro_codec.py, else fastavro).
+    readers: dict[bytes, Callable[[bytes], Any]] = field(default_factory=dict)
+    writer: Callable[[Any], bytes] | None = None
 
 
 class RegistrySerde:
@@ -170,18 +178,105 @@ class RegistrySerde:
 
 class AvroSerde(RegistrySerde):
     """Avro: values are dicts (records) or plain values (a "string" key schema: str). `schema`: the .avsc text.
-    Read with a schema, records of an older or newer writer schema are resolved to it (Avro schema resolution)."""
+    Read with a schema, records of an older or newer writer schema are resolved to it (Avro schema resolution).
+
+    The first record of each schema id goes through confluent-kafka's AvroSerializer / AvroDeserializer (which
+    register, look up and fetch the schema, and run a schema's rules). After it, when no rule can apply (a schema of
+    our own to write; a writer schema without a rule set or references to read, read as the schema given or a pinned
+    version), the same bytes are written and read with fastavro directly: confluent-kafka's per-call work (subject
+    names, cache locks, expanding the schema for rules) cost 45-60x JSON per call (BENCHMARKS.md). The interop tests
+    read our bytes with confluent-kafka's own deserializer."""
 
     format_name = "avro"
 
     def record_name(self) -> str | None:
-        import json
-
         parsed = json.loads(self.schema) if isinstance(self.schema, str) else None
         if not isinstance(parsed, dict) or "name" not in parsed:
             return None
         name, namespace = str(parsed["name"]), parsed.get("namespace")
         return name if "." in name or not namespace else f"{namespace}.{name}"
+
+    def serialize(self, obj: Any) -> bytes | None:
+        binding = self._binding
+        encode = binding.writer if binding is not None else None
+        if encode is None or obj is None:
+            encoded = super().serialize(obj)
+            if encoded is not None and binding is not None and self.version is None:
+                binding.writer = self._fast_writer(encoded[:5])
+            return encoded
+        return encode(obj)
+
+    def deserialize(self, data: bytes | None) -> Any:
+        binding = self._binding
+        if binding is None or data is None:
+            return super().deserialize(data)
+        decode = binding.readers.get(data[:5])
+        if decode is None:  # the first record of its schema id (or no header: its error as it is)
+            value = super().deserialize(data)
+            if (schema_id := wire_schema_id(data)) is not None:
+                self._learn_reader(binding, schema_id, data[:5])
+            return value
+        try:
+            return decode(data)
+        except Exception as error:
+            schema_id = wire_schema_id(data)
+            what = f"avro {_field(binding.is_key)} of {binding.topic} (schema id {schema_id})"
+            raise SchemaError(f"{what}: {describe(error)}", schema_id) from error
+
+    def _fast_writer(self, header: bytes) -> Callable[[Any], bytes] | None:
+        """What confluent-kafka's serializer does for a schema of our own (it runs rules only for a registry
+        version: `version` set), with the header it wrote: our schema's compiled codec, else fastavro's writer."""
+        from fastavro import parse_schema, schemaless_writer
+
+        parsed = parse_schema(json.loads(self.schema))
+        if _is_bytes(parsed):
+            return None
+        compiled = compile_schema(parsed)
+        if compiled is not None:
+            write = compiled[1]
+
+            def encode(obj: Any) -> bytes:
+                out = bytearray(header)
+                write(out, obj)
+                return bytes(out)
+
+            return encode
+
+        def fastavro_encode(obj: Any) -> bytes:
+            out = io.BytesIO()
+            out.write(header)
+            schemaless_writer(out, parsed, obj)
+            return out.getvalue()
+
+        return fastavro_encode
+
+    def _learn_reader(self, binding: _Binding, schema_id: int, header: bytes) -> None:
+        """After confluent-kafka's deserializer read a record of `schema_id`: its fast path, if no rule applies."""
+        if self.version == LATEST:  # read as the subject's latest version: its migration rules stay confluent's
+            return
+        from fastavro import parse_schema, schemaless_reader
+        from fastavro.schema import to_parsing_canonical_form
+
+        subject = self.subject(binding.topic, binding.is_key) if self.subject_strategy == "topic" else None
+        try:
+            written = binding.client.get_schema(schema_id, subject)  # in the client's cache since the read
+        except Exception:  # learnt at the next record of this id instead: the fast path is an optimisation
+            return
+        if written.rule_set is not None or written.references:
+            return
+        reader_text = self.pinned(binding).schema.schema_str if isinstance(self.version, int) else self.schema
+        writer = parse_schema(json.loads(written.schema_str))
+        reader = parse_schema(json.loads(reader_text)) if reader_text is not None else None
+        if reader is not None and to_parsing_canonical_form(reader) == to_parsing_canonical_form(writer):
+            reader = None  # the same names, types and order (docs, defaults aside): read as written
+        if _is_bytes(writer) or _is_bytes(reader):
+            return
+        compiled = compile_schema(writer) if reader is None else None
+        if compiled is not None:
+            read = compiled[0]
+            binding.readers[header] = lambda data: read(data, 5)[0]
+        else:
+            binding.readers[header] = lambda data: schemaless_reader(io.BytesIO(data[5:]), writer, reader)
 
     def _serializer(self, client: Any, conf: dict[str, Any]) -> Any:
         from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -192,6 +287,11 @@ class AvroSerde(RegistrySerde):
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
         return AvroDeserializer(client, reader_schema, conf=conf)
+
+
+def _is_bytes(schema: Any) -> bool:
+    """confluent-kafka writes a "bytes" schema's value raw (no length): such schemas keep its own path."""
+    return schema == "bytes" or (isinstance(schema, dict) and schema.get("type") == "bytes")
 
 
 class ProtobufSerde(RegistrySerde):
@@ -224,8 +324,6 @@ class JsonSchemaSerde(RegistrySerde):
     format_name = "json"
 
     def record_name(self) -> str | None:
-        import json
-
         parsed = json.loads(self.schema) if isinstance(self.schema, str) else None
         return str(parsed["title"]) if isinstance(parsed, dict) and "title" in parsed else None
 

@@ -4,7 +4,9 @@ against the real one in tests/integration/test_registry_real.py."""
 
 from __future__ import annotations
 
+import io
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from pipeline.examples import running_totals_avro
 from pipeline.examples.running_totals_avro import app as totals_avro
 from pipeline.examples.running_totals_avro import schema
 from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, memory_registry, wire_schema_id
+from pipeline.registry.avro_codec import compile_schema
 from pipeline.settings import ConfigError
 from pipeline.testing.driver import AppDriver
 
@@ -244,3 +247,70 @@ def test_the_avro_example_ships_its_schemas() -> None:
     assert shipped == {"account.avsc", "transaction.avsc", "total.avsc"}
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"pipeline.examples" = ["schemas/*.avsc"' in pyproject
+
+
+CODEC_SCHEMAS = [
+    "string",
+    "long",
+    "int",
+    "boolean",
+    "double",
+    {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": f, "type": t}
+            for f, t in [("s", "string"), ("l", "long"), ("i", "int"), ("b", "boolean"), ("d", "double")]
+        ],
+    },
+]
+
+
+LONG_EDGES = (-(2**63), 2**63 - 1)
+
+
+def random_value(schema: Any, rng: random.Random) -> Any:
+    if isinstance(schema, dict):
+        return {f["name"]: random_value(f["type"], rng) for f in schema["fields"]}
+    return {
+        "string": lambda: "".join(rng.choice("aé€😀z ") for _ in range(rng.choice([0, 1, 5, 63, 64, 200]))),
+        "long": lambda: rng.choice(
+            [0, -1, 1, 63, -64, 64, 2**31, -(2**63), 2**63 - 1, rng.randint(-(2**63), 2**63 - 1)]
+        ),
+        "int": lambda: rng.choice([0, -1, 2**31 - 1, -(2**31), rng.randint(-(2**31), 2**31 - 1)]),
+        "boolean": lambda: rng.random() < 0.5,
+        "double": lambda: rng.choice([0.0, -1.5, 1e308, rng.uniform(-1e9, 1e9)]),
+    }[schema]()
+
+
+@pytest.mark.parametrize("schema", CODEC_SCHEMAS, ids=lambda s: s if isinstance(s, str) else "record")
+def test_the_compiled_avro_codec_writes_and_reads_what_fastavro_does(schema: Any) -> None:
+    from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+    parsed = parse_schema(schema)
+    compiled = compile_schema(parsed)
+    assert compiled is not None
+    read, write = compiled
+    rng = random.Random(7)
+    for _ in range(300):
+        value = random_value(schema, rng)
+        theirs = io.BytesIO()
+        schemaless_writer(theirs, parsed, value)
+        ours = bytearray()
+        write(ours, value)
+        assert bytes(ours) == theirs.getvalue(), value
+        assert read(bytes(ours), 0) == (schemaless_reader(io.BytesIO(bytes(ours)), parsed, None), len(ours))
+
+
+def test_the_compiled_codec_leaves_other_schemas_to_fastavro_and_refuses_wrong_values() -> None:
+    from fastavro import parse_schema
+
+    assert compile_schema(parse_schema(["null", "string"])) is None  # a union
+    assert compile_schema(parse_schema({"type": "array", "items": "long"})) is None
+    with_default = {"type": "record", "name": "D", "fields": [{"name": "c", "type": "string", "default": "EUR"}]}
+    assert compile_schema(parse_schema(with_default)) is None  # fastavro fills the default in
+    _, write = compile_schema(parse_schema("long")) or (None, None)
+    assert write is not None
+    for wrong in ("1", 2**63, 1.0):
+        with pytest.raises(ValueError, match="not an Avro long"):
+            write(bytearray(), wrong)

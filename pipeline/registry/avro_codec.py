@@ -1,0 +1,130 @@
+"""Avro's binary encoding for the simplest schemas, compiled to Python closures: a string, a long, an int, a boolean, a
+double, or a record of those. For such schemas it reads and writes the same bytes as fastavro (tests/unit/
+test_registry_serdes.py compares them on random values) at a fraction of its per-call cost, which dominates for small
+records (BENCHMARKS.md: "Avro and Protobuf topics"). Any other schema (unions, arrays, maps, logical types, nested
+records, schema resolution) is not compiled: AvroSerde uses fastavro for it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+Reader = Callable[[bytes, int], tuple[Any, int]]  # (data, position) -> (value, the position after it)
+Writer = Callable[[bytearray, Any], None]  # appends the value's encoding
+
+_DOUBLE = struct.Struct("<d")
+_LONG_RANGE = (-(2**63), 2**63 - 1)
+_INT_RANGE = (-(2**31), 2**31 - 1)
+
+
+def compile_schema(schema: Any) -> tuple[Reader, Writer] | None:
+    """(reader, writer) for a parsed schema (fastavro's parse_schema) of the supported shapes, else None."""
+    if isinstance(schema, dict) and schema.get("type") == "record":
+        fields = []
+        for f in schema.get("fields", ()):
+            codec = _primitive(f.get("type"))
+            if codec is None or not isinstance(f.get("name"), str) or "default" in f:  # fastavro fills defaults in
+                return None
+            fields.append((f["name"], *codec))
+        return _record(tuple(fields))
+    return _primitive(schema)
+
+
+def _primitive(schema: Any) -> tuple[Reader, Writer] | None:
+    if isinstance(schema, dict) and set(schema) <= {"type"}:  # {"type": "long"}: the same as "long"
+        schema = schema.get("type")
+    codecs: dict[str, tuple[Reader, Writer]] = {
+        "long": (_read_long, _long_writer(_LONG_RANGE)),
+        "int": (_read_long, _long_writer(_INT_RANGE)),
+        "string": (_read_string, _write_string),
+        "boolean": (_read_boolean, _write_boolean),
+        "double": (_read_double, _write_double),
+    }
+    return codecs.get(schema) if isinstance(schema, str) else None
+
+
+def _record(fields: tuple[tuple[str, Reader, Writer], ...]) -> tuple[Reader, Writer]:
+    def read(data: bytes, pos: int) -> tuple[Any, int]:
+        record = {}
+        for name, read_field, _ in fields:
+            record[name], pos = read_field(data, pos)
+        return record, pos
+
+    def write(out: bytearray, record: Any) -> None:
+        for name, _, write_field in fields:
+            write_field(out, record[name])
+
+    return read, write
+
+
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """A zig-zag varint (long and int alike)."""
+    b = data[pos]
+    pos += 1
+    n = b & 0x7F
+    shift = 7
+    while b & 0x80:
+        b = data[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+    return (n >> 1) ^ -(n & 1), pos
+
+
+def _long_writer(bounds: tuple[int, int]) -> Writer:
+    low, high = bounds
+
+    def write(out: bytearray, value: Any) -> None:
+        if type(value) is not int or not low <= value <= high:
+            raise ValueError(f"{value!r} is not an Avro {'long' if high > 2**31 else 'int'}")
+        n = (value << 1) ^ (value >> 63)
+        while n > 0x7F:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+
+    return write
+
+
+def _read_string(data: bytes, pos: int) -> tuple[str, int]:
+    size, pos = _read_long(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise ValueError(f"a string of {size} bytes where {len(data) - pos} are left")
+    return data[pos:end].decode(), end
+
+
+def _write_string(out: bytearray, value: Any) -> None:
+    if type(value) is not str:
+        raise ValueError(f"{value!r} is not an Avro string")
+    encoded = value.encode()
+    if len(encoded) < 64:  # a one-byte length, the usual case
+        out.append(len(encoded) << 1)
+    else:
+        _write_length(out, len(encoded))
+    out += encoded
+
+
+_write_length = _long_writer(_LONG_RANGE)
+
+
+def _read_boolean(data: bytes, pos: int) -> tuple[bool, int]:
+    return data[pos] != 0, pos + 1
+
+
+def _write_boolean(out: bytearray, value: Any) -> None:
+    if type(value) is not bool:
+        raise ValueError(f"{value!r} is not an Avro boolean")
+    out.append(1 if value else 0)
+
+
+def _read_double(data: bytes, pos: int) -> tuple[float, int]:
+    return _DOUBLE.unpack_from(data, pos)[0], pos + 8
+
+
+def _write_double(out: bytearray, value: Any) -> None:
+    if type(value) not in (float, int) or isinstance(value, bool):
+        raise ValueError(f"{value!r} is not an Avro double")
+    out += _DOUBLE.pack(value)
