@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -43,6 +44,7 @@ from tests.support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SENTINEL = "SENTINEL-c0ffee"
+AVRO_SPEC = "pipeline.examples.running_totals_avro:app"
 
 
 def fresh(bootstrap: str, app: App, partitions: int = 1) -> tuple[App, str]:
@@ -208,7 +210,7 @@ def pipeline_run(spec: str, env: dict[str, str], timeout_s: float = 60) -> subpr
 
 def test_an_unreachable_registry_at_start_up_is_one_error_naming_the_setting_exit_2(kafka_bootstrap):
     result = pipeline_run(
-        "pipeline.examples.running_totals_avro:app",
+        AVRO_SPEC,
         {"PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap, "PIPELINE_SCHEMA_REGISTRY_URL": "http://127.0.0.1:9/apis"},
     )
     assert result.returncode == 2, result.stderr
@@ -226,7 +228,7 @@ def test_a_paused_registry_at_start_up_times_out_into_the_same_error(kafka_boots
             "PIPELINE_SCHEMA_REGISTRY_URL": schema_registry.url,
             "PIPELINE_SCHEMA_REGISTRY_TIMEOUT_MS": "1000",
         }
-        result = pipeline_run("pipeline.examples.running_totals_avro:app", env)
+        result = pipeline_run(AVRO_SPEC, env)
     finally:
         schema_registry.resume()
     assert result.returncode == 2, result.stderr
@@ -262,7 +264,7 @@ def test_refused_credentials_at_start_up_name_the_setting_and_never_show_them(ka
         "PIPELINE_SCHEMA_REGISTRY_URL": refusing_registry,
         "PIPELINE_SCHEMA_REGISTRY_USER_INFO": f"svc:{SENTINEL}",
     }
-    result = pipeline_run("pipeline.examples.running_totals_avro:app", env)
+    result = pipeline_run(AVRO_SPEC, env)
     assert result.returncode == 2, result.stderr
     assert "SCHEMA_REGISTRY_USER_INFO: the schema registry at" in result.stderr
     assert "refused the credentials (HTTP 401)" in result.stderr
@@ -330,3 +332,45 @@ def test_a_registry_paused_while_running_is_waited_for_and_a_new_schema_is_read_
         schema_registry=theirs,
     )
     assert verdict.ok, verdict.summary()
+
+
+def test_registry_credentials_stay_out_of_the_log_and_the_metrics_of_a_run_at_debug(
+    kafka_bootstrap, schema_registry_url, tmp_path
+):
+    app, app_id = fresh(kafka_bootstrap, totals_avro)
+    settings = config(kafka_bootstrap, app_id, schema_registry_url)
+    encode_key, encode_value = input_encoders(settings, SchemaRegistryClient({"url": schema_registry_url}))
+    records = [(encode_key(f"acct-{i % 3}"), encode_value({"id": i, "amount": i})) for i in range(50)]
+    produce(kafka_bootstrap, app.input_topic, [*records, (encode_key("acct-0"), b"\x00\x7f\xff\xff\xf0x")])
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env = {
+        **clean,
+        "PYTHONPATH": str(ROOT),
+        "PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": app.input_topic,
+        "PIPELINE_OUTPUT_TOPIC": app.output_topic,
+        "PIPELINE_SCHEMA_REGISTRY_URL": schema_registry_url,
+        "PIPELINE_SCHEMA_REGISTRY_USER_INFO": f"svc:{SENTINEL}",  # sent as basic auth; the local registry ignores it
+        "PIPELINE_METRICS_PORT": "19471",
+    }
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "--log-level", "debug", "run", AVRO_SPEC],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 90), log_path.read_text()[-3000:]
+        with urllib.request.urlopen("http://127.0.0.1:19471/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+    finally:
+        process.terminate()
+        process.wait(30)
+    text = log_path.read_text()
+    assert "dead-lettered" in text and "SchemaError" in text  # the poison record's error went through the log
+    assert SENTINEL not in text
+    assert SENTINEL not in metrics and "pipeline_dead_letters_total" in metrics
