@@ -3,6 +3,7 @@ faults it can inject (FAULTS), and the session profile. The command line is pipe
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import threading
@@ -153,12 +154,13 @@ class FaultRun:
         return Outcome(verdict, {}, phantoms, self.fleet.logs(), exited)
 
     def _schema_registry(self) -> Any:
-        """The registry client the checker decodes with, for an App with registry serdes (the processes' registry:
-        PIPELINE_SCHEMA_REGISTRY_URL in this run's env); None otherwise."""
-        url = self.env.get("PIPELINE_SCHEMA_REGISTRY_URL")
+        """The registry client the checker decodes with, for an App with registry serdes: the processes' registry
+        (PIPELINE_SCHEMA_REGISTRY_URL of this run's env, else of this process's, which they inherit); None otherwise."""
+        env = {**os.environ, **self.env}
+        url = env.get("PIPELINE_SCHEMA_REGISTRY_URL")
         if not url or not uses_registry(self.app):
             return None
-        user_info = self.env.get("PIPELINE_SCHEMA_REGISTRY_USER_INFO", "")
+        user_info = env.get("PIPELINE_SCHEMA_REGISTRY_USER_INFO", "")
         return client_for(Settings(schema_registry_url=url, schema_registry_user_info=user_info))
 
     def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
