@@ -27,14 +27,18 @@ def compile_schema(schema: Any) -> tuple[Reader, Writer] | None:
             codec = _primitive(f.get("type"))
             if codec is None or not isinstance(f.get("name"), str) or "default" in f:  # fastavro fills defaults in
                 return None
-            fields.append((f["name"], *codec))
+            fields.append((f["name"], _type_name(f["type"]), *codec))
         return _record(tuple(fields))
     return _primitive(schema)
 
 
+def _type_name(schema: Any) -> Any:
+    """ "long" for "long" and for {"type": "long"} (the same schema)."""
+    return schema.get("type") if isinstance(schema, dict) and set(schema) <= {"type"} else schema
+
+
 def _primitive(schema: Any) -> tuple[Reader, Writer] | None:
-    if isinstance(schema, dict) and set(schema) <= {"type"}:  # {"type": "long"}: the same as "long"
-        schema = schema.get("type")
+    schema = _type_name(schema)
     codecs: dict[str, tuple[Reader, Writer]] = {
         "long": (_read_long, _long_writer(_LONG_RANGE)),
         "int": (_read_long, _long_writer(_INT_RANGE)),
@@ -45,18 +49,74 @@ def _primitive(schema: Any) -> tuple[Reader, Writer] | None:
     return codecs.get(schema) if isinstance(schema, str) else None
 
 
-def _record(fields: tuple[tuple[str, Reader, Writer], ...]) -> tuple[Reader, Writer]:
-    def read(data: bytes, pos: int) -> tuple[Any, int]:
-        record = {}
-        for name, read_field, _ in fields:
-            record[name], pos = read_field(data, pos)
-        return record, pos
+def _record(fields: tuple[tuple[str, str, Reader, Writer], ...]) -> tuple[Reader, Writer]:
+    """A record's reader and writer, generated as one function each with the fields' varints inline (as dataclasses
+    generates __init__): a call per field costs more than the field's decoding. Names are Avro names (parse_schema
+    checked them: letters, digits, underscores), embedded with repr()."""
+    read_lines, write_lines = ["def read(data, pos):"], ["def write(out, record):"]
+    helpers: dict[str, Any] = {"_write_length": _write_length}
+    for i, (name, kind, read_field, write_field) in enumerate(fields):
+        if kind in ("long", "int"):
+            read_lines += _varint_read(f"f{i}")
+            low, high = _LONG_RANGE if kind == "long" else _INT_RANGE
+            write_lines += [
+                f"    value = record[{name!r}]",
+                f"    if type(value) is not int or not {low} <= value <= {high}:",
+                f"        raise ValueError(f'{{value!r}} is not an Avro {kind}')",
+                "    if 0 <= value < 64:",
+                "        out.append(value << 1)",
+                "    else:",
+                "        n = (value << 1) ^ (value >> 63)",
+                "        while n > 0x7F:",
+                "            out.append((n & 0x7F) | 0x80)",
+                "            n >>= 7",
+                "        out.append(n)",
+            ]
+        elif kind == "string":
+            read_lines += _varint_read("size")
+            read_lines += [
+                "    end = pos + size",
+                "    if size < 0 or end > len(data):",
+                "        raise ValueError(f'a string of {size} bytes where {len(data) - pos} are left')",
+                f"    f{i} = data[pos:end].decode()",
+                "    pos = end",
+            ]
+            write_lines += [
+                f"    value = record[{name!r}]",
+                "    if type(value) is not str:",
+                "        raise ValueError(f'{value!r} is not an Avro string')",
+                "    encoded = value.encode()",
+                "    if len(encoded) < 64:",
+                "        out.append(len(encoded) << 1)",
+                "    else:",
+                "        _write_length(out, len(encoded))",
+                "    out += encoded",
+            ]
+        else:
+            helpers[f"r{i}"], helpers[f"w{i}"] = read_field, write_field
+            read_lines.append(f"    f{i}, pos = r{i}(data, pos)")
+            write_lines.append(f"    w{i}(out, record[{name!r}])")
+    read_lines.append("    return {" + ", ".join(f"{name!r}: f{i}" for i, (name, *_) in enumerate(fields)) + "}, pos")
+    write_lines.append("    return None")
+    namespace = dict(helpers)
+    exec("\n".join(read_lines) + "\n\n" + "\n".join(write_lines), namespace)  # the source generated above
+    return namespace["read"], namespace["write"]
 
-    def write(out: bytearray, record: Any) -> None:
-        for name, _, write_field in fields:
-            write_field(out, record[name])
 
-    return read, write
+def _varint_read(target: str) -> list[str]:
+    """Source lines decoding a zig-zag varint at data[pos] into `target`, pos moved past it."""
+    return [
+        "    b = data[pos]",
+        "    pos += 1",
+        "    n = b & 0x7F",
+        "    shift = 7",
+        "    while b & 0x80:",
+        "        b = data[pos]",
+        "        pos += 1",
+        "        n |= (b & 0x7F) << shift",
+        "        shift += 7",
+        f"    {target} = (n >> 1) ^ -(n & 1)",
+    ]
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:
@@ -79,6 +139,9 @@ def _long_writer(bounds: tuple[int, int]) -> Writer:
     def write(out: bytearray, value: Any) -> None:
         if type(value) is not int or not low <= value <= high:
             raise ValueError(f"{value!r} is not an Avro {'long' if high > 2**31 else 'int'}")
+        if 0 <= value < 64:  # one byte, the common case
+            out.append(value << 1)
+            return
         n = (value << 1) ^ (value >> 63)
         while n > 0x7F:
             out.append((n & 0x7F) | 0x80)
