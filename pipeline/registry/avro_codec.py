@@ -21,15 +21,31 @@ _INT_RANGE = (-(2**31), 2**31 - 1)
 
 def compile_schema(schema: Any) -> tuple[Reader, Writer] | None:
     """(reader, writer) for a parsed schema (fastavro's parse_schema) of the supported shapes, else None."""
+    fields = _fields(schema)
+    return None if fields is None else _generate(fields, None)
+
+
+def compile_wire(schema: Any, header: bytes) -> tuple[Callable[[bytes], Any], Callable[[Any], bytes]] | None:
+    """(decode(data), encode(value)) of whole messages in the wire format: `header` (magic byte, schema id) and the
+    encoding. decode skips the header it was looked up by; encode writes `header`. None: not a supported shape."""
+    fields = _fields(schema)
+    return None if fields is None else _generate(fields, header)
+
+
+Field = tuple[str | None, str, Reader, Writer]  # (name: None for a primitive schema's single value, type, codec)
+
+
+def _fields(schema: Any) -> tuple[Field, ...] | None:
     if isinstance(schema, dict) and schema.get("type") == "record":
-        fields = []
+        fields: list[Field] = []
         for f in schema.get("fields", ()):
             codec = _primitive(f.get("type"))
             if codec is None or not isinstance(f.get("name"), str) or "default" in f:  # fastavro fills defaults in
                 return None
             fields.append((f["name"], _type_name(f["type"]), *codec))
-        return _record(tuple(fields))
-    return _primitive(schema)
+        return tuple(fields)
+    codec = _primitive(schema)
+    return None if codec is None else ((None, _type_name(schema), *codec),)
 
 
 def _type_name(schema: Any) -> Any:
@@ -49,58 +65,66 @@ def _primitive(schema: Any) -> tuple[Reader, Writer] | None:
     return codecs.get(schema) if isinstance(schema, str) else None
 
 
-def _record(fields: tuple[tuple[str, str, Reader, Writer], ...]) -> tuple[Reader, Writer]:
-    """A record's reader and writer, generated as one function each with the fields' varints inline (as dataclasses
-    generates __init__): a call per field costs more than the field's decoding. Names are Avro names (parse_schema
-    checked them: letters, digits, underscores), embedded with repr()."""
-    read_lines, write_lines = ["def read(data, pos):"], ["def write(out, record):"]
-    helpers: dict[str, Any] = {"_write_length": _write_length}
+def _generate(fields: tuple[Field, ...], header: bytes | None) -> Any:
+    """A reader and a writer generated as one function each, the varints and strings inline (as dataclasses
+    generates __init__): a call per field cost more than the field's decoding. header None: read(data, pos) ->
+    (value, pos) and write(out, value); else whole messages, decode(data) -> value and encode(value) -> bytes. Names
+    are Avro names (parse_schema checked them: letters, digits, underscores), embedded with repr()."""
+    read = ["def read(data, pos):"] if header is None else ["def read(data):", "    pos = 5"]
+    write = ["def write(out, obj):"] if header is None else ["def write(obj):", "    out = bytearray(HEADER)"]
+    helpers: dict[str, Any] = {"_write_length": _write_length, "HEADER": header}
     for i, (name, kind, read_field, write_field) in enumerate(fields):
+        source = "obj" if name is None else f"obj[{name!r}]"
         if kind in ("long", "int"):
-            read_lines += _varint_read(f"f{i}")
-            low, high = _LONG_RANGE if kind == "long" else _INT_RANGE
-            write_lines += [
-                f"    value = record[{name!r}]",
-                f"    if type(value) is not int or not {low} <= value <= {high}:",
-                f"        raise ValueError(f'{{value!r}} is not an Avro {kind}')",
-                "    if 0 <= value < 64:",
-                "        out.append(value << 1)",
-                "    else:",
-                "        n = (value << 1) ^ (value >> 63)",
-                "        while n > 0x7F:",
-                "            out.append((n & 0x7F) | 0x80)",
-                "            n >>= 7",
-                "        out.append(n)",
-            ]
+            read += _varint_read(f"f{i}")
+            write += _long_write(source, kind)
         elif kind == "string":
-            read_lines += _varint_read("size")
-            read_lines += [
-                "    end = pos + size",
-                "    if size < 0 or end > len(data):",
-                "        raise ValueError(f'a string of {size} bytes where {len(data) - pos} are left')",
-                f"    f{i} = data[pos:end].decode()",
-                "    pos = end",
-            ]
-            write_lines += [
-                f"    value = record[{name!r}]",
-                "    if type(value) is not str:",
-                "        raise ValueError(f'{value!r} is not an Avro string')",
-                "    encoded = value.encode()",
-                "    if len(encoded) < 64:",
-                "        out.append(len(encoded) << 1)",
-                "    else:",
-                "        _write_length(out, len(encoded))",
-                "    out += encoded",
-            ]
+            read += [*_varint_read("size"), *_STRING_READ, f"    f{i} = data[pos:end].decode()", "    pos = end"]
+            write += [f"    value = {source}", *_STRING_WRITE]
         else:
             helpers[f"r{i}"], helpers[f"w{i}"] = read_field, write_field
-            read_lines.append(f"    f{i}, pos = r{i}(data, pos)")
-            write_lines.append(f"    w{i}(out, record[{name!r}])")
-    read_lines.append("    return {" + ", ".join(f"{name!r}: f{i}" for i, (name, *_) in enumerate(fields)) + "}, pos")
-    write_lines.append("    return None")
+            read.append(f"    f{i}, pos = r{i}(data, pos)")
+            write.append(f"    w{i}(out, {source})")
+    value = "f0" if fields[0][0] is None else "{" + ", ".join(f"{n!r}: f{i}" for i, (n, *_) in enumerate(fields)) + "}"
+    read.append(f"    return {value}, pos" if header is None else f"    return {value}")
+    write.append("    return None" if header is None else "    return bytes(out)")
     namespace = dict(helpers)
-    exec("\n".join(read_lines) + "\n\n" + "\n".join(write_lines), namespace)  # the source generated above
+    exec("\n".join(read) + "\n\n" + "\n".join(write), namespace)  # the source generated above
     return namespace["read"], namespace["write"]
+
+
+def _long_write(source: str, kind: str) -> list[str]:
+    low, high = _LONG_RANGE if kind == "long" else _INT_RANGE
+    return [
+        f"    value = {source}",
+        f"    if type(value) is not int or not {low} <= value <= {high}:",
+        f"        raise ValueError(f'{{value!r}} is not an Avro {kind}')",
+        "    if 0 <= value < 64:",
+        "        out.append(value << 1)",
+        "    else:",
+        "        n = (value << 1) ^ (value >> 63)",
+        "        while n > 0x7F:",
+        "            out.append((n & 0x7F) | 0x80)",
+        "            n >>= 7",
+        "        out.append(n)",
+    ]
+
+
+_STRING_READ = [
+    "    end = pos + size",
+    "    if size < 0 or end > len(data):",
+    "        raise ValueError(f'a string of {size} bytes where {len(data) - pos} are left')",
+]
+_STRING_WRITE = [
+    "    if type(value) is not str:",
+    "        raise ValueError(f'{value!r} is not an Avro string')",
+    "    encoded = value.encode()",
+    "    if len(encoded) < 64:",
+    "        out.append(len(encoded) << 1)",
+    "    else:",
+    "        _write_length(out, len(encoded))",
+    "    out += encoded",
+]
 
 
 def _varint_read(target: str) -> list[str]:

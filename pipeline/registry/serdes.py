@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pipeline.registry.avro_codec import compile_schema
+from pipeline.registry.avro_codec import compile_wire
 from pipeline.serde import RegistryUnavailable, SchemaError
 
 SUBJECT_STRATEGIES = ("topic", "record", "topic_record")
@@ -231,16 +231,9 @@ class AvroSerde(RegistrySerde):
         parsed = parse_schema(json.loads(self.schema))
         if _is_bytes(parsed):
             return None
-        compiled = compile_schema(parsed)
+        compiled = compile_wire(parsed, header)
         if compiled is not None:
-            write = compiled[1]
-
-            def encode(obj: Any) -> bytes:
-                out = bytearray(header)
-                write(out, obj)
-                return bytes(out)
-
-            return encode
+            return compiled[1]
 
         def fastavro_encode(obj: Any) -> bytes:
             out = io.BytesIO()
@@ -271,10 +264,9 @@ class AvroSerde(RegistrySerde):
             reader = None  # the same names, types and order (docs, defaults aside): read as written
         if _is_bytes(writer) or _is_bytes(reader):
             return
-        compiled = compile_schema(writer) if reader is None else None
+        compiled = compile_wire(writer, header) if reader is None else None
         if compiled is not None:
-            read = compiled[0]
-            binding.readers[header] = lambda data: read(data, 5)[0]
+            binding.readers[header] = compiled[0]
         else:
             binding.readers[header] = lambda data: schemaless_reader(io.BytesIO(data[5:]), writer, reader)
 

@@ -22,7 +22,7 @@ from pipeline.examples import running_totals_avro
 from pipeline.examples.running_totals_avro import app as totals_avro
 from pipeline.examples.running_totals_avro import schema
 from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, memory_registry, wire_schema_id
-from pipeline.registry.avro_codec import compile_schema
+from pipeline.registry.avro_codec import compile_schema, compile_wire
 from pipeline.settings import ConfigError
 from pipeline.testing.driver import AppDriver
 
@@ -288,9 +288,9 @@ def test_the_compiled_avro_codec_writes_and_reads_what_fastavro_does(schema: Any
     from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
     parsed = parse_schema(schema)
-    compiled = compile_schema(parsed)
-    assert compiled is not None
-    read, write = compiled
+    compiled, whole = compile_schema(parsed), compile_wire(parsed, b"\x00\x00\x00\x01\x02")
+    assert compiled is not None and whole is not None
+    (read, write), (decode, encode) = compiled, whole
     rng = random.Random(7)
     for _ in range(300):
         value = random_value(schema, rng)
@@ -300,6 +300,8 @@ def test_the_compiled_avro_codec_writes_and_reads_what_fastavro_does(schema: Any
         write(ours, value)
         assert bytes(ours) == theirs.getvalue(), value
         assert read(bytes(ours), 0) == (schemaless_reader(io.BytesIO(bytes(ours)), parsed, None), len(ours))
+        assert encode(value) == b"\x00\x00\x00\x01\x02" + theirs.getvalue()
+        assert decode(encode(value)) == read(bytes(ours), 0)[0]
 
 
 def test_the_compiled_codec_leaves_other_schemas_to_fastavro_and_refuses_wrong_values() -> None:
