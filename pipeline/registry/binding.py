@@ -129,11 +129,7 @@ def check(app: App, settings: Settings) -> None:
     serdes = list(registry_serdes(app))
     if not serdes:
         return
-    client = serdes[0][3]._bound().client
-    try:
-        client.get_subjects()
-    except Exception as error:
-        raise ConfigError(unreachable(settings, error)) from error
+    probe(app, settings)
     for role, topic, is_key, serde in serdes:
         try:
             if role == "output":
@@ -147,6 +143,18 @@ def check(app: App, settings: Settings) -> None:
                 raise ConfigError(unreachable(settings, error)) from error
             subject = serde.subject(topic, is_key)
             raise ConfigError(f"{role} {topic} ({_field(is_key)}), subject {subject!r}: {describe(error)}") from error
+
+
+def probe(app: App, settings: Settings) -> None:
+    """The registry of the App's serdes answers with these credentials (one request, nothing registered: what
+    `pipeline verify` asks before it reads); ConfigError naming the setting otherwise."""
+    bound = [serde for *_, serde in registry_serdes(app) if serde.bound]
+    if not bound:
+        return
+    try:
+        bound[0]._bound().client.get_subjects()
+    except Exception as error:
+        raise ConfigError(unreachable(settings, error)) from error
 
 
 def unreachable(settings: Settings, error: BaseException) -> str:

@@ -22,7 +22,8 @@ from pipeline.app import App
 from pipeline.kafka.acls import Names
 from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout
 from pipeline.loading import load_app
-from pipeline.registry import bind
+from pipeline.registry import bind, probe
+from pipeline.serde import RegistryUnavailable
 from pipeline.settings import Settings
 from pipeline.testing import postgres_checker
 from pipeline.testing.drain import Topics, drain_run
@@ -102,10 +103,11 @@ def run(args: argparse.Namespace) -> int:
     app = configured(app, settings)
     names = names_of(app, settings)
     connect_check(settings)  # an unreachable broker: one error within CONNECT_TIMEOUT_MS
+    probe(app, settings)  # an App with registry serdes: its registry answers (ConfigError naming the setting)
     extra = {k: v for k, v in client_config(settings).items() if k != "bootstrap.servers"}
     try:
         verdict = _verdict(app, settings, names, extra, args.timeout)
-    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, psycopg.Error) as e:
+    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, psycopg.Error, RegistryUnavailable) as e:
         print(f"pipeline verify: could not check: {kafka_text(e)}", file=sys.stderr)
         return 2
     print(verdict.to_json() if args.json else verdict.summary())

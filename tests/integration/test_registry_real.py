@@ -220,6 +220,22 @@ def test_an_unreachable_registry_at_start_up_is_one_error_naming_the_setting_exi
     assert "Traceback" not in result.stderr
 
 
+def test_pipeline_verify_names_an_unreachable_registry_before_it_reads(kafka_bootstrap):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_")}
+    env = {"PIPELINE_BOOTSTRAP_SERVERS": kafka_bootstrap, "PIPELINE_SCHEMA_REGISTRY_URL": "http://127.0.0.1:9"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "verify", AVRO_SPEC],
+        cwd=ROOT,
+        env={**clean, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "SCHEMA_REGISTRY_URL=http://127.0.0.1:9: the schema registry did not answer" in result.stderr
+
+
 def test_a_paused_registry_at_start_up_times_out_into_the_same_error(kafka_bootstrap, schema_registry):
     schema_registry.pause()
     try:
