@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import io
 import json
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -79,22 +81,24 @@ class RegistrySerde:
         if obj is None:
             return None
         binding = self._bound()
+        _refuse_while_down(binding.client)
         try:
             return self._writer(binding)(obj, binding.context)
         except Exception as error:
             if transient(error):
-                raise RegistryUnavailable(f"schema registry: {describe(error)}") from error
+                raise _down(binding.client, error) from error
             raise
 
     def deserialize(self, data: bytes | None) -> Any:
         if data is None:
             return None
         binding = self._bound()
+        _refuse_while_down(binding.client)
         try:
             return self._reader(binding)(data, binding.context)
         except Exception as error:
             if transient(error):
-                raise RegistryUnavailable(f"schema registry: {describe(error)}") from error
+                raise _down(binding.client, error) from error
             schema_id = wire_schema_id(data)
             what = f"{self.format_name} {_field(binding.is_key)} of {binding.topic} (schema id {schema_id})"
             raise SchemaError(f"{what}: {describe(error)}", schema_id) from error
@@ -371,6 +375,25 @@ def describe(error: BaseException) -> str:
     """An error as one line: its type and message (the client's errors never hold the credentials: they travel in
     the Authorization header only, and SCHEMA_REGISTRY_URL may not carry any)."""
     return f"{type(error).__name__}: {error}"
+
+
+# After a request that got no answer, nothing asks the same client again for HOLD_S: a partition whose record needs
+# the registry then waits at once, instead of each blocking the poll loop for SCHEMA_REGISTRY_TIMEOUT_MS in turn
+# (48 partitions x 5 s would outlast MAX_POLL_INTERVAL_MS). Records whose schemas are known (Avro's fast path) never
+# come here. Keyed by the client (weakly: a client's id could be reused by a new one): one registry, one verdict.
+HOLD_S = 2.0
+_down_until: weakref.WeakKeyDictionary[Any, tuple[float, str]] = weakref.WeakKeyDictionary()
+
+
+def _refuse_while_down(client: Any) -> None:
+    held = _down_until.get(client)
+    if held is not None and time.monotonic() < held[0]:
+        raise RegistryUnavailable(f"schema registry: {held[1]} (less than {HOLD_S:.0f} s ago: not asked again yet)")
+
+
+def _down(client: Any, error: BaseException) -> RegistryUnavailable:
+    _down_until[client] = (time.monotonic() + HOLD_S, describe(error))
+    return RegistryUnavailable(f"schema registry: {describe(error)}")
 
 
 def _field(is_key: bool) -> str:

@@ -22,6 +22,7 @@ from pipeline.examples import running_totals_avro
 from pipeline.examples.running_totals_avro import app as totals_avro
 from pipeline.examples.running_totals_avro import schema
 from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, memory_registry, wire_schema_id
+from pipeline.registry import serdes as serdes_module
 from pipeline.registry.avro_codec import compile_schema, compile_wire
 from pipeline.settings import ConfigError
 from pipeline.testing.driver import AppDriver
@@ -39,11 +40,13 @@ class FlakyRegistry:
         self.inner = memory_registry()
         self.down = False
         self.served: set[tuple[Any, ...]] = set()
+        self.refused = 0  # requests made while down
 
     def get_schema(self, *args: Any) -> Any:
         from confluent_kafka.schema_registry.common._httpx_compat import httpx
 
         if self.down and args not in self.served:
+            self.refused += 1
             raise httpx.ConnectError("connection refused (test: the registry is down)")
         self.served.add(args)
         return self.inner.get_schema(*args)
@@ -111,7 +114,8 @@ def test_a_record_that_does_not_decode_is_dead_lettered_as_schema_with_its_id(va
     assert driver.verify().ok, driver.verify().summary()
 
 
-def test_a_registry_that_does_not_answer_is_waited_for_never_dead_lettered() -> None:
+def test_a_registry_that_does_not_answer_is_waited_for_never_dead_lettered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serdes_module, "HOLD_S", 0.0)  # the driver's clock does not move: ask again at once
     registry = FlakyRegistry()
     driver = AppDriver(totals_avro, schema_registry=registry)
     encode_key, encode_value = foreign_producer(registry.inner, schema("transaction.avsc"))
@@ -130,6 +134,17 @@ def test_a_registry_that_does_not_answer_is_waited_for_never_dead_lettered() -> 
     assert [(o.value["id"], o.value["sum"]) for o in driver.outputs] == [(1, 5), (2, 15), (3, 25)]
     assert driver.dead_letters == []
     assert driver.verify().ok, driver.verify().summary()
+
+
+def test_after_a_registry_fault_other_partitions_wait_at_once_instead_of_asking_again() -> None:
+    registry = FlakyRegistry()
+    driver = AppDriver(totals_avro, schema_registry=registry, partitions=3)
+    encode_key, encode_v2 = foreign_producer(registry.inner, v2_transaction())  # ids the pipeline has not seen
+    registry.down = True
+    for p in range(3):
+        driver.send_bytes(encode_key(f"acct-{p}"), encode_v2({"id": p, "amount": 1, "currency": "X"}), partition=p)
+    assert registry.refused == 1  # the first partition asked; the other two waited without a request
+    assert driver.outputs == [] and driver.dead_letters == []
 
 
 def test_a_producer_moving_to_a_compatible_schema_is_read_without_restart() -> None:
