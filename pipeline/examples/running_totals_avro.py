@@ -7,14 +7,14 @@ Both in the Confluent wire format; SCHEMA_REGISTRY_URL names the registry (READM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pipeline.app import App, Output, Record, State
-from pipeline.examples.running_totals import process as running_totals
+from pipeline.app import App
+from pipeline.examples.running_totals import process
 from pipeline.registry import AvroSerde, RegistrySerde, client_for
 from pipeline.settings import Settings
 from pipeline.testing.inputs import running_totals_records
@@ -25,11 +25,6 @@ SCHEMAS = Path(__file__).with_name("schemas")  # shipped with the package (pypro
 def schema(name: str) -> str:
     """An .avsc file of schemas/ as text."""
     return (SCHEMAS / name).read_text()
-
-
-def process(state: State, record: Record) -> Iterable[Output]:
-    """running_totals' own: the Avro records decode to the same dicts (id and amount as ints)."""
-    return running_totals(state, record)
 
 
 def generate(n: int, partitions: int, seed: int) -> Iterator[tuple[int, bytes, bytes]]:
@@ -77,7 +72,7 @@ app = App(
     name="running-totals-avro",
     input_topic="totals-avro-input",
     output_topic="totals-avro-output",
-    process=process,
+    process=process,  # running_totals' own: the Avro records decode to the same dicts (id and amount as ints)
     key_serde=AvroSerde(schema("account.avsc")),
     value_serde=AvroSerde(schema("transaction.avsc")),
     output_key_serde=AvroSerde(schema("account.avsc")),
