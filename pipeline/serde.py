@@ -14,6 +14,24 @@ class SerdeError(ValueError):
     """A payload could not be (de)serialised. Poison input, never a bug in the runner."""
 
 
+class SchemaError(SerdeError):
+    """A registry serde (pipeline/registry.py) cannot decode this record: the schema id it names is unknown to the
+    registry, or its bytes do not match the schema (or lack the wire format's header). Retrying cannot help: the
+    record is dead-lettered at once, with error type `schema` and `schema_id` (None: no readable header) in
+    the eos.dlq.schema.id header."""
+
+    error_type = "schema"
+
+    def __init__(self, message: str, schema_id: int | None = None) -> None:
+        super().__init__(message)
+        self.schema_id = schema_id
+
+
+class RegistryUnavailable(Exception):
+    """The schema registry did not answer (down, paused, overloaded, 5xx): a transient fault of the service, never
+    the record's. The record is tried again later and is never dead-lettered for it (docs/guarantees.md)."""
+
+
 class Serde(Protocol):
     def serialize(self, obj: Any) -> bytes | None: ...
 

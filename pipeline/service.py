@@ -43,6 +43,16 @@ def check_connection(settings: Settings) -> None:
     connect_check(settings)
 
 
+def check_registry(app: App, settings: Settings) -> None:
+    """An App with registry serdes: the registry answers, accepts the credentials, and every output schema fits its
+    subject; ConfigError naming the setting or the subject otherwise, before anything is consumed."""
+    from pipeline.core.configure import configured
+    from pipeline.registry import check, uses_registry
+
+    if uses_registry(app):
+        check(configured(app, settings), settings)
+
+
 def runner_for(app: App, settings: Settings) -> PollLoop:
     """The sink's runner: PIPELINE_SINK=postgres (or --sink postgres) writes into PostgreSQL, else into Kafka.
     Each is imported only when chosen: the Kafka sink never loads psycopg."""
@@ -61,6 +71,7 @@ def run_service(app: App, settings: Settings, stop_requested: threading.Event) -
     there is nothing to commit."""
     check_app(app, settings)
     check_connection(settings)
+    check_registry(app, settings)
     runner = runner_for(app, settings)
     runner.install_signal_handlers()
     if stop_requested.is_set():

@@ -153,6 +153,11 @@ class Settings:
     postgres_pool_size: int = 4  # connections per process (one per partition committing at the same time)
     postgres_retry_backoff_max_ms: int = 5_000  # back-off cap while PostgreSQL is unreachable
     postgres_idle_in_transaction_timeout_ms: int = 5_000  # the server ends a writer paused mid-transaction
+    # Avro, Protobuf and JSON Schema topics (pipeline/registry.py): the Confluent-compatible registry's URL (several:
+    # comma-separated), its basic-auth credentials as user:password (a Secret), and how long one request may take.
+    schema_registry_url: str = ""
+    schema_registry_user_info: str = ""
+    schema_registry_timeout_ms: int = 5_000
     kafka: Mapping[str, str] = field(default_factory=dict)  # values of secret-looking names kept as Secrets
 
     def __post_init__(self) -> None:
@@ -160,7 +165,9 @@ class Settings:
         kafka = {k: secret_if_named(k, v) for k, v in self.kafka.items()}
         object.__setattr__(self, "kafka", kafka)
         object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
+        object.__setattr__(self, "schema_registry_user_info", _secret(self.schema_registry_user_info))
         validate(self)
+        validate_registry(self)
 
     @classmethod
     def load(
@@ -196,7 +203,12 @@ class Settings:
         as str() does: a Secret is still the real string to everything but repr). The DSN keeps user, host and
         database, without its password."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return values | {"kafka": self.redacted_kafka(), "postgres_dsn": redact_dsn(self.postgres_dsn)}
+        user_info = REDACTED if self.schema_registry_user_info else ""
+        return values | {
+            "kafka": self.redacted_kafka(),
+            "postgres_dsn": redact_dsn(self.postgres_dsn),
+            "schema_registry_user_info": user_info,
+        }
 
 
 def require(condition: bool, message: str) -> None:
@@ -289,6 +301,33 @@ def _validate_failover(s: Settings) -> None:
         f"LIVE_TIMEOUT_MS={s.live_timeout_ms} must exceed TRANSACTION_TIMEOUT_MS + 4 x REQUEST_TIMEOUT_MS "
         f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
         "process",
+    )
+
+
+def validate_registry(s: Settings) -> None:
+    """SCHEMA_REGISTRY_*: whether the registry answers is asked at start-up (pipeline/registry.py: check)."""
+    for url in filter(None, (u.strip() for u in s.schema_registry_url.split(","))):
+        require(
+            url.startswith(("http://", "https://")),
+            f"SCHEMA_REGISTRY_URL must be http:// or https:// URLs, not {url!r}",
+        )
+        require(
+            "@" not in url.split("//", 1)[1].split("/", 1)[0],
+            "SCHEMA_REGISTRY_URL holds credentials (user:password@): give them as SCHEMA_REGISTRY_USER_INFO, a secret "
+            "kept out of logs",
+        )
+    require(
+        not s.schema_registry_user_info or ":" in s.schema_registry_user_info,
+        "SCHEMA_REGISTRY_USER_INFO must be user:password",
+    )
+    require(
+        s.schema_registry_timeout_ms > 0,
+        f"SCHEMA_REGISTRY_TIMEOUT_MS must be positive, not {s.schema_registry_timeout_ms}",
+    )
+    require(
+        not s.schema_registry_url or s.schema_registry_timeout_ms < s.transaction_timeout_ms,
+        f"SCHEMA_REGISTRY_TIMEOUT_MS={s.schema_registry_timeout_ms} must be below TRANSACTION_TIMEOUT_MS="
+        f"{s.transaction_timeout_ms}: a request waits inside an open transaction",
     )
 
 

@@ -28,6 +28,7 @@ class DeadLetter:
     # A timer whose on_timer kept failing (not an input record): its eos.timer coordinates
     # (partition:position:clock:due:key); key and value are the timer's key and payload.
     timer: str = ""
+    schema_id: int | None = None  # a registry serde's SchemaError: the schema id the record names (if it names one)
 
     def headers(self) -> list[tuple[str, bytes]]:
         fields: dict[str, object] = {
@@ -42,6 +43,8 @@ class DeadLetter:
             fields["rejected"] = 1
         if self.timer:
             fields["timer"] = self.timer
+        if self.schema_id is not None:
+            fields["schema.id"] = self.schema_id
         return [(PREFIX + name, str(value).encode()) for name, value in fields.items()]
 
     @staticmethod
@@ -58,6 +61,7 @@ class DeadLetter:
             attempts=int(fields["attempts"]),
             rejected=fields.get("rejected") == "1",
             timer=fields.get("timer", ""),
+            schema_id=int(fields["schema.id"]) if "schema.id" in fields else None,
         )
 
 

@@ -22,6 +22,7 @@ from pipeline.app import App, CodeError, Record, Reject
 from pipeline.core.deadletter import DeadLetter
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
+from pipeline.serde import RegistryUnavailable, SchemaError
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
 
@@ -58,6 +59,11 @@ class CodeStop(PoisonRecordStop):
     def __init__(self, where: str, error: CodeError) -> None:
         super().__init__(f"{where}: {error} (a mistake in the code: every record would fail the same way)")
         self.fix = f"Fix it: {error.fix}; then restart. Nothing from here on was committed."
+
+
+# Errors that another attempt cannot change: a Reject and a SchemaError are dead-lettered at once, a CodeError stops p,
+# and a registry that does not answer is waited for by the sink (never a dead letter).
+FINAL = (Reject, CodeError, SchemaError, RegistryUnavailable)
 
 
 def record_from_message(app: App, msg: Consumed) -> Record:
@@ -115,9 +121,14 @@ class Attempts:
         """Called right after the first attempt at `msg` failed with `error`, its state changes still in place.
         Each attempt's changes are undone before the next, so every attempt (and the dead letter) sees the state as
         it was before the record. `try_once` decodes and processes the record again and returns its outputs.
-        A Reject is final: the record is dead-lettered at once, with the Reject's error type."""
-        if isinstance(error, CodeError):
+        A Reject is final: the record is dead-lettered at once, with the Reject's error type; so is a SchemaError (a
+        registry serde cannot decode it: error type `schema`). RegistryUnavailable is raised as it is, its changes
+        undone: the schema registry did not answer, which says nothing about the record (the sink waits and tries
+        it again later; never a dead letter)."""
+        if isinstance(error, (CodeError, RegistryUnavailable)):
             state.undo_record()
+            if isinstance(error, RegistryUnavailable):
+                raise error
             raise CodeStop(where(msg), error) from error
         made = 0  # attempts made so far
 
@@ -135,7 +146,7 @@ class Attempts:
         try:
             return retry(
                 attempt,
-                retriable=lambda e: not isinstance(e, (Reject, CodeError)),
+                retriable=lambda e: not isinstance(e, FINAL),
                 backoff=Backoff(self.backoff_s),
                 attempts=self.max_attempts,
                 first_error=error,
@@ -144,6 +155,10 @@ class Attempts:
             )
         except Reject as reject:
             return self._reject(msg, reject, made)
+        except SchemaError as undecodable:
+            return self._give_up(msg, undecodable, made)
+        except RegistryUnavailable:
+            raise
         except CodeError as mistake:  # found by a retry (it checks what process returned): p stops at once
             raise CodeStop(where(msg), mistake) from mistake
         except Exception as last:  # user code or decoding, every attempt: poison
@@ -169,13 +184,15 @@ class Attempts:
             raise PoisonRecordStop(f"{at} failed {attempts} times: {type(error).__name__}: {error}") from error
         self.dead_letters.inc()
         log.warning("dead-lettered %s after %d attempts: %s: %s", at, attempts, type(error).__name__, error)
+        schema = isinstance(error, SchemaError)
         return DeadLetter(
             msg.topic(),
             msg.partition(),
             msg.offset(),
             msg.key(),
             msg.value(),
-            type(error).__name__,
+            SchemaError.error_type if schema else type(error).__name__,
             str(error),
             attempts,
+            schema_id=error.schema_id if isinstance(error, SchemaError) else None,
         )

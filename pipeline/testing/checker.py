@@ -22,6 +22,8 @@ from pipeline.app import App
 from pipeline.kafka.acls import Names
 from pipeline.kafka.offsets import EndOffsetsTimeout, ReadToEndTimeout
 from pipeline.loading import load_app
+from pipeline.registry import bind, probe
+from pipeline.serde import RegistryUnavailable
 from pipeline.settings import Settings
 from pipeline.testing import postgres_checker
 from pipeline.testing.drain import Topics, drain_run
@@ -41,10 +43,14 @@ def verify(
     group_id: str | None = None,
     timeout_s: float = 60.0,
     extra_config: Mapping[str, Any] | None = None,
+    schema_registry: Any = None,
 ) -> Verdict:
     """Drains what the run left in Kafka and checks it. `timeout_s` bounds each drain (they run in parallel) and
-    each metadata or offsets request. `extra_config` (security etc.) goes to every client. Raises
+    each metadata or offsets request. `extra_config` (security etc.) goes to every client. `schema_registry`: the
+    registry client that an App's registry serdes not bound yet decode with (pipeline/registry). Raises
     ReadToEndTimeout if a topic cannot be read to its end (an open transaction: verify after the run stopped)."""
+    if schema_registry is not None:
+        app = bind(app, schema_registry)
     topics = Topics.for_app(
         app,
         input_topic=input_topic,
@@ -97,10 +103,11 @@ def run(args: argparse.Namespace) -> int:
     app = configured(app, settings)
     names = names_of(app, settings)
     connect_check(settings)  # an unreachable broker: one error within CONNECT_TIMEOUT_MS
+    probe(app, settings)  # an App with registry serdes: its registry answers (ConfigError naming the setting)
     extra = {k: v for k, v in client_config(settings).items() if k != "bootstrap.servers"}
     try:
         verdict = _verdict(app, settings, names, extra, args.timeout)
-    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, psycopg.Error) as e:
+    except (ReadToEndTimeout, EndOffsetsTimeout, KafkaException, LookupError, psycopg.Error, RegistryUnavailable) as e:
         print(f"pipeline verify: could not check: {kafka_text(e)}", file=sys.stderr)
         return 2
     print(verdict.to_json() if args.json else verdict.summary())

@@ -36,6 +36,7 @@ from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import PoisonRecordStop, log_stop
 from pipeline.metrics import Metrics
+from pipeline.registry import bound_for_tests
 from pipeline.sinks.kafka.commit import abort_and_rewind, commit_transaction
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
@@ -68,8 +69,10 @@ class AppDriver:
         auto_commit: bool = True,
         strict: bool = False,
         on_stop: OnStop = "raise",
+        schema_registry: Any = None,
         **settings: Any,
     ) -> None:
+        app, self.schema_registry = bound_for_tests(app, schema_registry)  # registry serdes: in memory by default
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
         self.strict, self.stops = strict, Stops(on_stop)
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
@@ -201,7 +204,7 @@ class AppDriver:
                     self._guarded(task, commit_transaction, task.txn, self.consumer)
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
-                    if rewound_now or self._unfetched(p):
+                    if rewound_now or (self._unfetched(p) and not task.waiting_for_registry):  # next call, that
                         rewound.append(p)
             if not rewound:
                 self.stops.raise_new()  # the stops of the call ending now, once its work is done
@@ -213,7 +216,7 @@ class AppDriver:
     def deploy(self, app: App) -> None:
         """New code takes over every partition, as a deploy that stops the old processes hard: open transactions are
         lost; the state is restored from the changelog (and migrated, for a new state version)."""
-        self.app = app
+        self.app = app = bound_for_tests(app, self.schema_registry)[0]
         self._ctx = replace(self._ctx, app=self._runtime_app(app))
         self.crash()
 
@@ -373,6 +376,7 @@ class AppDriver:
     def _pump(self, p: int) -> None:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
         task = self.tasks[p]
+        task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
                 task.try_seek_back(self.consumer)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ faults it can inject (FAULTS), and the session profile. The command line is pipe
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import threading
@@ -17,6 +18,8 @@ from typing import Any, Protocol
 from confluent_kafka import Producer
 
 from pipeline.app import App, Generated
+from pipeline.registry import client_for, uses_registry
+from pipeline.settings import Settings
 from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import checker, inputs, postgres_checker
 from pipeline.testing.drain import Observer, observe
@@ -145,9 +148,20 @@ class FaultRun:
             group_id=self.app_id,
             timeout_s=60,
             extra_config=self.client_config,
+            schema_registry=self._schema_registry(),
         )
         phantoms = observer_subset_of_final(observed, verdict)
         return Outcome(verdict, {}, phantoms, self.fleet.logs(), exited)
+
+    def _schema_registry(self) -> Any:
+        """The registry client the checker decodes with, for an App with registry serdes: the processes' registry
+        (PIPELINE_SCHEMA_REGISTRY_URL of this run's env, else of this process's, which they inherit); None otherwise."""
+        env = {**os.environ, **self.env}
+        url = env.get("PIPELINE_SCHEMA_REGISTRY_URL")
+        if not url or not uses_registry(self.app):
+            return None
+        user_info = env.get("PIPELINE_SCHEMA_REGISTRY_USER_INFO", "")
+        return client_for(Settings(schema_registry_url=url, schema_registry_user_info=user_info))
 
     def _finish_tables(self, tables: postgres_checker.Tables, timeout_s: float) -> Outcome:
         """SINK=postgres: the offsets table is what catches up, the tables are what the checker reads."""

@@ -34,6 +34,8 @@ def test_settings_redacted_is_json_ready_and_holds_no_secret(dsn: str) -> None:
         "PIPELINE_KAFKA_SSL_KEY_PASSWORD": f"{SENTINEL}-key",
         "PIPELINE_KAFKA_BASIC_AUTH_USER_INFO": f"registry:{SENTINEL}-registry",
         "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "PIPELINE_SCHEMA_REGISTRY_URL": "https://registry.example:8081",
+        "PIPELINE_SCHEMA_REGISTRY_USER_INFO": f"registry:{SENTINEL}-schema-registry",
     }
     settings = settings_module.load(env=env)
 
@@ -44,6 +46,8 @@ def test_settings_redacted_is_json_ready_and_holds_no_secret(dsn: str) -> None:
     assert settings.redacted()["kafka"]["security.protocol"] == "SASL_SSL"
     assert "db.example" in settings.redacted()["postgres_dsn"] and "***" in settings.redacted()["postgres_dsn"]
     assert str(settings.kafka["basic.auth.user.info"]).endswith("-registry")  # the clients get the real value
+    assert settings.redacted()["schema_registry_user_info"] == "***"
+    assert str(settings.schema_registry_user_info).endswith("-schema-registry")
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,7 @@ class KafkaRunner(TakeOver, PollLoop):
         self._commit_due()
         self._advance_restores()
         self._retry_rewinds_and_drops()
+        self._end_registry_waits()
         self._update_gauges()
 
     def _dispatch(self, messages: list[Message]) -> None:
@@ -344,8 +345,25 @@ class KafkaRunner(TakeOver, PollLoop):
                 self.tasks.pop(p)
                 self._take_over([p], reassign=True)
 
+    def _end_registry_waits(self) -> None:
+        """Partitions paused after a schema registry fault whose back-off is over are fetched again."""
+        waits = self._ctx.registry_waits if self._ctx is not None else None
+        if not waits:
+            return
+        now = time.monotonic()
+        for p, until in list(waits.items()):
+            if until > now:
+                continue
+            task = self.tasks.get(p)
+            if task is None:
+                del waits[p]
+            else:
+                task.end_registry_wait()
+
     def _close_partition(self, p: int, commit: bool) -> None:
         self.restores.forget(p)
+        if self._ctx is not None:
+            self._ctx.registry_waits.pop(p, None)
         self._dropped_at.pop(p, None)
         self._awaiting_globals.pop(p, None)
         self._deleted_before_start.pop(p, None)

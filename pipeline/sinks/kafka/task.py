@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pipeline.app import DEAD_LETTERS, App, Output, Record, checked_outputs
 from pipeline.core.deadletter import DeadLetter, held_dead_letter
 from pipeline.core.lifecycle import Phase
-from pipeline.core.processing import Attempts, record_from_message
+from pipeline.core.processing import Attempts, record_from_message, where
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
@@ -41,15 +41,25 @@ from pipeline.core.timers import TimerFiring
 from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.serde import identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.retry import Backoff
+from pipeline.serde import JSON, RegistryUnavailable, identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
-from pipeline.sinks.kafka.transaction import Transaction
+from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.timed import TimedState, new_state, restored_state, wall_clock_ms
 
 log = logging.getLogger(__name__)
+# The longest pause of a partition waiting for the schema registry: a registry back within seconds is used within
+# seconds of its return.
+REGISTRY_BACKOFF_MAX_S = 5.0
+
+
+def registry_backoff(settings: Settings) -> Backoff:
+    return Backoff(settings.processing_backoff_ms / 1000, 2.0, REGISTRY_BACKOFF_MAX_S)
+
+
 # An output as the producer takes it: (topic, key bytes, value bytes, partition or -1, headers).
 Encoded = tuple[str, Any, Any, int, Any]
 
@@ -70,6 +80,9 @@ class KafkaTaskContext:
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
     global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
     schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
+    # p -> when p, paused after a schema registry fault, is fetched again (KafkaTask._wait_for_registry): the runner
+    # looks at this dict every turn, never at every task.
+    registry_waits: dict[int, float] = field(default_factory=dict)
 
 
 class KafkaTask(Task):
@@ -90,6 +103,7 @@ class KafkaTask(Task):
         self.changelog_end: int | None = None
         self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
         self._encode = self._encoder()  # Output -> produce arguments, built once
+        self._registry_failures = 0  # schema registry faults in a row (the back-off grows with them)
         # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
         # pays one test per record.
         errors, letter = metrics.processing_errors.labels(self.label), self._timer_letter
@@ -164,7 +178,11 @@ class KafkaTask(Task):
                 # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
                 outputs = [encode(o) for o in user_process(state, record)]
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
-                outputs = self._retry(msg, error)
+                try:
+                    outputs = self._retry(msg, error)
+                except RegistryUnavailable as unavailable:
+                    self._wait_for_registry(msg, unavailable, processed)
+                    break
             if outputs:
                 source = (SOURCE_HEADER, encode_source(partition, offset))
                 for topic, out_key, out_value, out_partition, headers in outputs:
@@ -182,6 +200,43 @@ class KafkaTask(Task):
         if processed or produced:
             self.note_batch(messages, msg, processed, produced)
         self.producer.poll(0)
+
+    def _wait_for_registry(self, msg: Consumed, error: RegistryUnavailable, processed: int) -> None:
+        """The schema registry did not answer for `msg` (a schema id not cached yet): a transient fault, never the
+        record's. Its state changes are undone already; p stops this batch there, seeks back to it, and stays
+        paused for a back-off (doubling from PROCESSING_BACKOFF_MS up to REGISTRY_BACKOFF_MAX_S) while the loop
+        goes on polling: the group membership holds, the open transaction commits what came before `msg`, and
+        `msg` is tried again after the pause (the runner resumes p: `registry_waits`). Never dead-lettered for it."""
+        self._registry_failures = 1 if processed else self._registry_failures + 1
+        delay = registry_backoff(self.settings).delay(self._registry_failures)
+        self._attempts.errors.inc()
+        log.warning(
+            "p%d: %s waits for the schema registry (%s); tried again in %.1f s (attempt %d), p paused meanwhile",
+            self.partition,
+            where(msg),
+            error,
+            delay,
+            self._registry_failures,
+        )
+        try:
+            self.ctx.consumer.seek(TopicPartition(self.input_topic, self.partition, msg.offset()))
+        except KafkaException as e:  # p cannot be moved back to the record: the abort's rewind can (and retries)
+            raise TransactionAborted(f"seek back to {where(msg)} after a registry fault: {e}") from e
+        self.seeks += 1  # a batch of p polled before the seek is not handed over (the runner compares)
+        self._pause_input(True)
+        self.ctx.registry_waits[self.partition] = time.monotonic() + delay
+
+    @property
+    def waiting_for_registry(self) -> bool:
+        return self.partition in self.ctx.registry_waits
+
+    def end_registry_wait(self) -> None:
+        """The back-off after a registry fault is over (the runner calls it): p is fetched again, from the record
+        that waited."""
+        if self.ctx.registry_waits.pop(self.partition, None) is None:
+            return
+        if self._phase is Phase.RUNNING or self._phase is Phase.REWINDING:
+            self._pause_input(False)
 
     def _encoder(self) -> Callable[[Output], Encoded]:
         """Output -> (topic, key bytes, value bytes, partition or -1, headers); an output that dead-letters a held
