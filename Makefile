@@ -26,9 +26,11 @@ demo: setup
 	$(PY) -m tools.demo
 
 # Lint first (seconds, so a wrong type or format fails before the long run), then pytest, and beside it the fault
-# suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh).
+# suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh). The Schema Registry is built here, once (Maven,
+# ~2 minutes cold), so that no test waits for it; `make demo` does not need it.
 test: setup
 	$(MAKE) --no-print-directory lint
+	deploy/local/registry.sh build
 	tests/run.sh $(PYTEST_ARGS)
 
 # The tests that need no server (every one not marked kafka, tests/plugins/servers.py): seconds, nothing started,

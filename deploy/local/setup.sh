@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the demo and the tests need on a fresh Debian machine without Docker:
-# JDK + Maven + PostgreSQL + curl (Debian packages, only if missing), the Python virtualenv, the Kafka broker, the
-# Schema Registry and Spark's Kafka connector (Maven Central, cached). Safe to run again: each step skips what is
-# already there.
+# JDK + Maven + PostgreSQL + curl (Debian packages, only if missing), the Python virtualenv, the Kafka broker and
+# Spark's Kafka connector (Maven Central, cached). Safe to run again: each step skips what is already there.
+# `make test` also builds the Schema Registry (deploy/local/registry.sh build), which the demo does not need.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$REPO_ROOT"
@@ -43,8 +43,6 @@ fi
 
 resolve_maven_classpath "$REPO_ROOT/deploy/local/kafka/pom.xml" "$CACHE_DIR/kafka-$KAFKA_VERSION/libs" \
   -Dkafka.version="$KAFKA_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" -Dlog4j.version="$LOG4J_VERSION"
-# The Schema Registry is built here, once, so that no test waits for Maven (deploy/local/registry.sh).
-deploy/local/registry.sh build
 if [[ -x deploy/local/spark.sh ]]; then
   deploy/local/spark.sh classpath >/dev/null
 fi

@@ -42,7 +42,7 @@ from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff
-from pipeline.serde import JSON, RegistryUnavailable, identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.serde import RegistryUnavailable, identity, skip_bytes_deserialize, skip_bytes_serialize
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
 from pipeline.state import PartitionState
