@@ -62,12 +62,14 @@ def run_one(app: App, args: argparse.Namespace, suffix: str, total: int) -> floa
 
 
 def prepare(args: argparse.Namespace, suffix: str) -> tuple[list[App], int]:
-    """Both Apps' topics, each input holding order_expiry's generated records; the number of input records."""
-    apps = [order_fills.app.with_topic_suffix(suffix), order_expiry.app.with_topic_suffix(suffix)]
-    for app in apps:
+    """Both Apps' topics, each input holding order_expiry's generated records; the Apps (the runner adds the suffix)
+    and the number of input records."""
+    apps = [order_fills.app, order_expiry.app]
+    for app in (a.with_topic_suffix(suffix) for a in apps):
         create_topics(args.bootstrap_servers, {t: PARTITIONS for t in [*app.co_partitioned, app.output_topic]})
-        tables = [t.topic for t in app.global_table_specs.values()]
-        create_topics(args.bootstrap_servers, dict.fromkeys(tables, PARTITIONS), config={"cleanup.policy": "compact"})
+        if tables := [t.topic for t in app.global_table_specs.values()]:
+            config = {"cleanup.policy": "compact"}
+            create_topics(args.bootstrap_servers, dict.fromkeys(tables, PARTITIONS), config=config)
     names = {
         order_expiry.ORDERS: [order_expiry.ORDERS, order_fills.ORDERS],
         order_expiry.FILLS: [order_expiry.FILLS, order_fills.FILLS],
@@ -97,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 rates[app.name].append(run_one(app, args, suffix, total))
                 print(f"{app.name:14} {rates[app.name][-1]:10,.0f} rec/s", flush=True)
     finally:
-        topics = [t for app in apps for t in (*app.co_partitioned, app.output_topic)]
-        topics += [t.topic for app in apps for t in app.global_table_specs.values()]
+        suffixed = [app.with_topic_suffix(suffix) for app in apps]
+        topics = [t for app in suffixed for t in (*app.co_partitioned, app.output_topic)]
+        topics += [t.topic for app in suffixed for t in app.global_table_specs.values()]
         AdminClient({"bootstrap.servers": args.bootstrap_servers}).delete_topics(topics)
     fills, expiry = (statistics.median(rates[app.name]) for app in apps)
     print(f"medians: order_fills {fills:,.0f} rec/s, order_expiry {expiry:,.0f} rec/s: {expiry / fills:.2f}x")
