@@ -205,6 +205,9 @@ class App:
     on_timer: OnTimer | None = None  # called for each due timer scheduled through state.timers
     state_ttl_ms: int | None = None  # keys not written for this long (on state_ttl_clock) are deleted
     state_ttl_clock: str = "stream"
+    # TTL deadlines rounded up to a multiple of this (0: exact): a key may live up to this much longer, and its
+    # deadline entry is written again only when a write moves it to a later multiple (docs/guarantees.md).
+    state_ttl_granularity_ms: int = 0
     state_version: int = 1  # the shape of the state values; raise it when it changes, with a migrate
     migrate: Migrate | None = None  # (version the value was written at, value) -> the value at state_version
     # Several co-partitioned input streams (a topic name means a Stream with this App's key and value serdes).
@@ -229,6 +232,10 @@ class App:
             raise ValueError(f"state_ttl_clock must be one of {CLOCKS}, not {self.state_ttl_clock!r}")
         if self.state_ttl_ms is not None and self.state_ttl_ms <= 0:
             raise ValueError(f"state_ttl_ms must be positive, not {self.state_ttl_ms}")
+        if self.state_ttl_granularity_ms < 0 or (self.state_ttl_granularity_ms and self.state_ttl_ms is None):
+            raise ValueError(
+                f"state_ttl_granularity_ms must be >= 0 and needs state_ttl_ms, not {self.state_ttl_granularity_ms}"
+            )
         if self.extended_state and not self.stateful:
             raise ValueError("timers, state TTL and state versions live in the state: a stateless App has none")
         if self.tables and not self.stateful:

@@ -68,7 +68,14 @@ def check_topics(app: App) -> None:
 
 
 def _check_types(app: App, where: str) -> None:
-    for name, kind in (("stateful", bool), ("state_version", int), ("output_topic", str), ("input_topic", str)):
+    checked = (
+        ("stateful", bool),
+        ("state_version", int),
+        ("state_ttl_granularity_ms", int),
+        ("output_topic", str),
+        ("input_topic", str),
+    )
+    for name, kind in checked:
         value = getattr(app, name)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise AppError(f"{where}: {name} must be a {kind.__name__}, not {type(value).__name__} {value!r}")

@@ -130,6 +130,9 @@ class Attempts:
             if isinstance(error, RegistryUnavailable):
                 raise error
             raise CodeStop(where(msg), error) from error
+        if isinstance(error, Reject):  # final at the first attempt: what `retry` would do, without its machinery
+            state.undo_record()
+            return self._reject(msg, error, 1)
         made = 0  # attempts made so far
 
         def failed(error: Exception, failures: int, delay: float | None) -> None:

@@ -13,8 +13,9 @@ Dead letters: a fill for an order that expired or was filled: `late_fill`; a fil
 a repeated order id: `duplicate_order`; a malformed record is poison. A fill before its order is held and released,
 in fill order, when the order arrives (judged then as any fill: the order is open at its own time); a held fill
 whose order has not come 60 s of stream time after p took it is dead-lettered `orphan_fill` (a timer).
-An expired or filled order's state is removed 300 s of stream time later (state TTL): state does not grow with the
-number of orders ever seen. An order id seen again after that is a new order.
+An expired or filled order's state is removed 300 s of stream time later, or up to 60 s after that (state TTL,
+deadlines rounded up to a minute): state does not grow with the number of orders ever seen. An order id seen
+again after that is a new order.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from pipeline.testing.oracle.verdict import Findings
 ORDERS, FILLS, OUTPUT = "order-expiry-orders", "order-expiry-fills", "order-expiry-output"
 ORPHAN_MS = 60_000  # a held fill waits this long (stream time) for its order
 FORGET_MS = 300_000  # an expired or filled order's state stays this long (the App's state TTL)
+# ... or up to this much longer: deadlines rounded up to a minute, so that an order's writes within the same minute
+# (its placement, its fills, its expiry) write its TTL deadline entry once, not each time.
+FORGET_GRANULARITY_MS = 60_000
 # An open order is written again at least this often (stream time), so that the TTL, which counts from the last
 # write, never removes an order still waiting for its expiry (a ttl_ms above FORGET_MS).
 REFRESH_MS = 240_000
@@ -346,6 +350,7 @@ app = App(
     process=process,
     on_timer=on_timer,
     state_ttl_ms=FORGET_MS,
+    state_ttl_granularity_ms=FORGET_GRANULARITY_MS,
     generate=generate,
     check=check,
 )

@@ -7,7 +7,8 @@ entry deleted), the state changes and outputs of its `on_timer`, and the offsets
     __eos.stream_time            b"<ms>": the input partition's stream time, the largest record timestamp seen
     __eos.timer.stream/<key>     b"<due ms>" or b"<due ms> <payload, encoded by the state serde>"
     __eos.timer.wall/<key>       the same, on wall-clock time (ms since the epoch)
-    __eos.ttl/<key>              b"<ms>": when <key> expires, App.state_ttl_ms after its last write
+    __eos.ttl/<key>              b"<ms>": when <key> expires, App.state_ttl_ms after its last write, rounded up to a
+                                 multiple of App.state_ttl_granularity_ms (if set): written only when that moves it
     __eos.taken                  b"<n>": with several inputs or tables, how many records p has taken (all topics), as
                                  of the last commit: the position that names a timer firing (docs/inputs.md)
 
@@ -83,6 +84,7 @@ class TimedState(PartitionState):
         *,
         ttl_ms: int | None = None,
         ttl_clock: str = "stream",
+        ttl_granularity_ms: int = 0,
         wall_clock: Callable[[], int] = wall_clock_ms,
         version: int = 1,
         migrate: Migrate | None = None,
@@ -91,6 +93,7 @@ class TimedState(PartitionState):
         self._timers = Timers(self)
         self.fires = True  # False: an App without on_timer (TTL or a state version only), which cannot schedule
         self.ttl_ms, self.ttl_clock, self.wall_clock = ttl_ms, ttl_clock, wall_clock
+        self.ttl_granularity_ms = ttl_granularity_ms
         self.version, self.migrate = version, migrate
         self.stream_time_ms: int | None = None
         self._queues: dict[str, list[tuple[int, str]]] = {clock: [] for clock in CLOCKS}
@@ -108,6 +111,7 @@ class TimedState(PartitionState):
             app.state_serde,
             ttl_ms=app.state_ttl_ms,
             ttl_clock=app.state_ttl_clock,
+            ttl_granularity_ms=app.state_ttl_granularity_ms,
             wall_clock=wall_clock,
             version=app.state_version,
             migrate=app.migrate,
@@ -152,8 +156,20 @@ class TimedState(PartitionState):
             raise ValueError(f"state keys starting with {RESERVED!r} are reserved for timers and TTL: {key!r}")
         super().__setitem__(key, value)
         if self.ttl_ms is not None:
-            now = self.stream_time_ms if self.ttl_clock == "stream" else self.wall_clock()
-            self._put(TTL_PREFIX + key, (now or 0) + self.ttl_ms, b"")
+            self._move_deadline(TTL_PREFIX + key, self.ttl_ms)
+
+    def _move_deadline(self, entry: str, ttl_ms: int) -> None:
+        """A key was written: its deadline is ttl_ms from now, rounded up to the granularity. The same deadline as the
+        stored one (the same bucket) is not written again: no undo entry, no queue item, no changelog record."""
+        now = self.stream_time_ms if self.ttl_clock == "stream" else self.wall_clock()
+        deadline = (now or 0) + ttl_ms
+        if grain := self.ttl_granularity_ms:
+            deadline = -(-deadline // grain) * grain
+        encoded = b"%d" % deadline
+        if self._data.get(entry) != encoded:
+            self._remember(entry)
+            self._data[entry] = encoded
+            self._queue(entry, deadline, self.ttl_clock)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
@@ -175,7 +191,10 @@ class TimedState(PartitionState):
         """A record with this timestamp was seen: stream time moves forward to it (never back)."""
         if self.stream_time_ms is None or timestamp_ms > self.stream_time_ms:
             self.stream_time_ms = timestamp_ms
-            self._remember(STREAM_TIME_KEY)
+            # Remembered once per transaction: it moves before a record's unit of work begins (a failed record does
+            # not move it back), so only the transaction's undo needs its value before.
+            if STREAM_TIME_KEY not in self._before_txn:
+                self._remember(STREAM_TIME_KEY)
             self._data[STREAM_TIME_KEY] = b"%d" % timestamp_ms
 
     @property

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.app import App, Output, Record, State, Timer
 from pipeline.examples import order_expiry
-from pipeline.examples.order_expiry import FILLS, FORGET_MS, ORDERS, ORPHAN_MS, app
+from pipeline.examples.order_expiry import FILLS, FORGET_GRANULARITY_MS, FORGET_MS, ORDERS, ORPHAN_MS, app
 from pipeline.testing.driver import AppDriver
 
 
@@ -97,16 +97,23 @@ def test_a_duplicate_order_and_malformed_records_are_dead_lettered() -> None:
     assert d.state()["order/o1"]["qty"] == 10 and d.verify().ok
 
 
-def test_state_is_removed_300_s_of_stream_time_after_expiry_or_fill_and_does_not_grow() -> None:
+def test_state_is_removed_300_s_of_stream_time_after_expiry_or_fill_rounded_up_to_a_minute_and_does_not_grow() -> None:
+    # The last write's time + FORGET_MS, rounded up to FORGET_GRANULARITY_MS: never earlier, at most a minute later.
+    assert (FORGET_MS, FORGET_GRANULARITY_MS) == (300_000, 60_000)
     d = AppDriver(app)
     d.send("filled", order(1), topic=ORDERS, timestamp_ms=0)
-    d.send("filled", fill("f", 1), topic=FILLS, timestamp_ms=10)
-    d.send("expires", order(1, ttl_ms=100), topic=ORDERS, timestamp_ms=20)
-    d.send("tick", fill("t", 1), topic=FILLS, timestamp_ms=200)  # expires "expires" at stream time 200
-    assert {"order/filled", "order/expires"} <= d.state().keys()
+    d.send("filled", fill("f", 1), topic=FILLS, timestamp_ms=10)  # filled at 10: removed at 360 000
+    d.send("expires", order(1, ttl_ms=100), topic=ORDERS, timestamp_ms=60_000)
+    d.send("tick", fill("t", 1), topic=FILLS, timestamp_ms=60_100)  # expired at 60 100: removed at 420 000
     d.send("tick2", fill("t2", 1), topic=FILLS, timestamp_ms=10 + FORGET_MS)
+    assert {"order/filled", "order/expires"} <= d.state().keys()
+    d.send("tick3", fill("t3", 1), topic=FILLS, timestamp_ms=359_999)
+    assert {"order/filled", "order/expires"} <= d.state().keys()
+    d.send("tick4", fill("t4", 1), topic=FILLS, timestamp_ms=360_000)
     assert "order/filled" not in d.state() and "order/expires" in d.state()
-    d.send("tick3", fill("t3", 1), topic=FILLS, timestamp_ms=200 + FORGET_MS)
+    d.send("tick5", fill("t5", 1), topic=FILLS, timestamp_ms=419_999)
+    assert "order/expires" in d.state()
+    d.send("tick6", fill("t6", 1), topic=FILLS, timestamp_ms=420_000)
     assert not any(key.startswith("order/") for key in d.state())
     assert d.verify().ok
 

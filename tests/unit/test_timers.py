@@ -68,6 +68,34 @@ def test_reserved_keys_are_hidden_from_the_user_and_cannot_be_written() -> None:
         state["__eos.mine"] = 1
 
 
+def test_a_ttl_deadline_is_rounded_up_to_the_granularity_and_written_only_when_it_moves_to_a_later_bucket() -> None:
+    state = TimedState(ttl_ms=100, ttl_granularity_ms=1_000)
+    state.advance_stream_time(0)
+    state["k"] = 1
+    assert dict(state.changes())["__eos.ttl/k"] == b"1000"  # 0 + 100, rounded up
+    state.commit()
+    for now in (450, 900):  # 550 and 1000: the same bucket, nothing written
+        state.advance_stream_time(now)
+        state["k"] = now
+        assert "__eos.ttl/k" not in dict(state.changes()) and "__eos.ttl/k" not in state._before_txn  # not touched
+    state.commit()
+    state.advance_stream_time(901)  # 1001: the next bucket
+    state["k"] = 2
+    assert dict(state.changes())["__eos.ttl/k"] == b"2000"
+    assert fire_all(state, "stream", 1_999) == [] and state["k"] == 2  # never earlier than ttl_ms after a write
+    assert fire_all(state, "stream", 2_000) == [None] and "k" not in state  # at most a bucket later
+
+
+def test_a_ttl_granularity_needs_a_ttl_and_is_not_negative() -> None:
+    def count(state: State, record: Record) -> Iterable[Output]:
+        return []
+
+    with pytest.raises(ValueError, match="state_ttl_granularity_ms"):
+        App("g", "in", "out", count, state_ttl_granularity_ms=1_000)
+    with pytest.raises(ValueError, match="state_ttl_granularity_ms"):
+        App("g", "in", "out", count, state_ttl_ms=1_000, state_ttl_granularity_ms=-1)
+
+
 def test_a_restored_state_is_adopted_with_its_timers_queued() -> None:
     written = TimedState()
     written.advance_stream_time(7)
