@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from pipeline.app import App, Output, Record, State, Timer
 from pipeline.state.changelog import Checkpoint, is_checkpoint, order_runs
 from pipeline.testing.driver import AppDriver
@@ -22,6 +24,13 @@ def counting(state: State, record: Record) -> Any:
         return None
     state[record.key] = state.get(record.key, 0) + 1
     return [Output(key=record.key, value=f"{record.topic}:{record.value}", partition=record.partition)]
+
+
+def failing(state: State, record: Record) -> Iterable[Output]:
+    """Raises for "bad": poison, which ON_POISON=stop stops at after its attempts."""
+    if record.value == "bad":
+        raise ValueError("bad record")
+    return fixed(state, record)
 
 
 def fixed(state: State, record: Record) -> Iterable[Output]:
@@ -55,8 +64,15 @@ def order_agrees_with_offsets(d: AppDriver) -> None:
         before = {t: checkpoint.offsets.get(t) or 0 for t in topics}
 
 
-def test_a_stop_mid_transaction_commits_a_checkpoint_whose_order_names_only_what_its_offsets_cover() -> None:
-    d = AppDriver(two_inputs(counting), on_stop="record", max_task_idle_ms=-1)
+@pytest.mark.parametrize(
+    ("process", "settings"),
+    [(counting, {}), (failing, {"on_poison": "stop"}), (failing, {"dead_letter_storm": 1})],
+    ids=["code_error", "on_poison_stop", "dead_letter_storm"],
+)
+def test_a_stop_mid_transaction_commits_a_checkpoint_whose_order_names_only_what_its_offsets_cover(
+    process: Any, settings: dict[str, Any]
+) -> None:
+    d = AppDriver(two_inputs(process), on_stop="record", max_task_idle_ms=-1, **settings)
     d.produce("o1", "order", topic=ORDERS, timestamp_ms=10)
     d.produce("o1", "fill", topic=FILLS, timestamp_ms=20)
     d.produce("o2", "bad", topic=ORDERS, timestamp_ms=30)  # taken third, in the same transaction: p stops there
