@@ -9,7 +9,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from pipeline.examples import order_fills
+from pipeline.examples import order_expiry, order_fills
 from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.offsets import EndOffsetsTimeout, high_watermarks
 from pipeline.kafka.topics import partition_counts
@@ -18,6 +18,7 @@ from pipeline.testing import inputs
 from pipeline.testing.faults import FaultRun
 from pipeline.testing.harness import group_owners
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
+from tests.faults.test_order_expiry_faults import expiries_and_fills
 from tests.support import eventually
 
 pytestmark = pytest.mark.cluster
@@ -80,11 +81,14 @@ def test_input_leader_paused_then_resumed(kafka_cluster, cluster_run):
     assert_exactly_once(run.finish(timeout_s=180))
 
 
-def test_orders_and_fills_through_the_leader_of_an_input_killed_and_restarted(kafka_cluster, cluster_run):
-    """Two inputs and a global table (docs/inputs.md), account updates flowing throughout: the leader of the fills'
-    partition 0 dies and comes back; every topic of each task resumes from its committed offsets."""
-    run = cluster_run(order_fills.app, "pipeline.examples.order_fills:app")
-    run.feed(list(order_fills.generate(6_000, PARTITIONS, 23)), seconds=12)
+@pytest.mark.parametrize("example", [order_fills, order_expiry], ids=["order_fills", "order_expiry"])
+def test_orders_and_fills_through_the_leader_of_an_input_killed_and_restarted(kafka_cluster, cluster_run, example):
+    """Two inputs (docs/inputs.md), the leader of the fills' partition 0 dies and comes back; every topic of each task
+    resumes from its committed offsets. order_fills: a global table of accounts, updates flowing throughout.
+    order_expiry: an event-time timer per order and state TTL; the checker fires the timers where the merge order the
+    checkpoints name puts them, and its verdict includes order_expiry.check."""
+    run = cluster_run(example.app, f"{example.__name__}:app")
+    run.feed(list(example.generate(6_000, PARTITIONS, 23)), seconds=12)
     run.start(2)
     running(kafka_cluster.bootstrap, run)
     time.sleep(2)
@@ -95,6 +99,8 @@ def test_orders_and_fills_through_the_leader_of_an_input_killed_and_restarted(ka
     outcome = run.finish(timeout_s=180)
     assert_exactly_once(outcome)
     assert outcome.verdict.app.count == 0, outcome.verdict.app.samples
+    if example is order_expiry:
+        expiries_and_fills(outcome)
 
 
 def test_unreachable_cluster_gives_bounded_clear_errors(kafka_cluster):

@@ -1,8 +1,9 @@
 """order_fills on the PostgreSQL sink (pipeline/examples/order_fills_pg.py): two co-partitioned inputs merged in
-timestamp order and a global table, written by real `pipeline run` processes to a real PostgreSQL under SIGKILLs and a
-SIGSTOP zombie; and a co-partitioned table (tests/postgres/limits_app.py) under SIGKILLs. Every test asserts the
-table checker's verdict, which replays the order pipeline_merge_order recorded, and for order_fills its own check
-(no fill counted twice, filled/remaining as folded, desk versions never going back)."""
+timestamp order and a global table, written by real `pipeline run` processes to a real PostgreSQL under SIGKILLs, a
+SIGSTOP zombie and (on the 3-node cluster) an input's leader killed and restarted; and a co-partitioned table
+(tests/postgres/limits_app.py) under SIGKILLs. Every test asserts the table checker's verdict, which replays the order
+pipeline_merge_order recorded, and for order_fills its own check (no fill counted twice, filled/remaining as folded,
+desk versions never going back)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pipeline.testing import checker, postgres_checker
 from pipeline.testing.faults import FAULTS, FaultRun, Outcome
 from pipeline.testing.harness import Instance
 from tests.faults.conftest import busiest_owner
+from tests.faults.test_broker_faults import leader_of
 from tests.postgres import limits_app
 
 pytestmark = pytest.mark.postgres
@@ -35,10 +37,18 @@ PARTITIONS = 3
 def pg_fault_run(kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path) -> Iterator:
     runs: list[FaultRun] = []
 
-    def make(spec: str = SPEC, **env: str) -> FaultRun:
+    def make(spec: str = SPEC, bootstrap: str | None = None, replication: int = 1, **env: str) -> FaultRun:
+        """`bootstrap`: another Kafka than the shared broker (the 3-node cluster, replication 3)."""
         settings = {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()}
         run = FaultRun(
-            load_app(spec), spec, kafka_bootstrap, PARTITIONS, tmp_path / "logs", settings, postgres_dsn=postgres_dsn
+            load_app(spec),
+            spec,
+            bootstrap or kafka_bootstrap,
+            PARTITIONS,
+            tmp_path / "logs",
+            settings,
+            replication,
+            postgres_dsn=postgres_dsn,
         )
         runs.append(run)
         return run
@@ -66,6 +76,24 @@ def test_order_fills_on_postgres_exactly_once_under_sigkill_rounds(pg_fault_run)
         time.sleep(rng.uniform(1.5, 3.0))
         FAULTS["sigkill"].inject(fleet, rng)  # kills one, starts a replacement: it fences and restores p
     assert_exactly_once_with_fills(run.finish())
+
+
+@pytest.mark.cluster
+def test_order_fills_on_postgres_exactly_once_through_the_leader_of_an_input_killed_and_restarted(
+    pg_fault_run, kafka_cluster
+):
+    """The PostgreSQL sink reads its inputs from Kafka: on the 3-node cluster, the leader of the fills' partition 0
+    dies and comes back mid-run. Each task goes on from the offsets row of its last database transaction."""
+    run = pg_fault_run(bootstrap=kafka_cluster.bootstrap, replication=3)
+    run.feed(list(order_fills.generate(6_000, PARTITIONS, 38)), seconds=12)
+    fleet = run.start(2)
+    busiest_owner(run, fleet)  # both joined and own partitions: the fault strikes while the input flows
+    time.sleep(2)
+    node = leader_of(kafka_cluster.bootstrap, run.run_app.streams[1].topic, 0)
+    kafka_cluster.kill(node)
+    time.sleep(2)
+    kafka_cluster.restart(node)
+    assert_exactly_once_with_fills(run.finish(timeout_s=180))
 
 
 def zombie_run(pg_fault_run, spec: str, seed: int) -> tuple[Instance, Outcome]:
