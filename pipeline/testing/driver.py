@@ -23,6 +23,7 @@ after each call.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -54,6 +55,9 @@ from pipeline.testing.stops import OnStop, PartitionStopped, Stops
 from pipeline.testing.strict import watched
 
 __all__ = ["AppDriver", "PartitionStopped", "Produced"]
+# How long a call waits for a background registry look-up to answer (a real client's, on a worker thread) before it
+# returns with the record waiting: the next call takes it up again.
+REGISTRY_LOOKUP_WAIT_S = 1.0
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
 
 
@@ -204,7 +208,9 @@ class AppDriver:
                     self._guarded(task, commit_transaction, task.txn, self.consumer)
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
-                    if rewound_now or (self._unfetched(p) and not task.waiting_for_registry):  # next call, that
+                    wait = task.registry_wait  # a back-off: the next call's; a look-up: once it answers
+                    waiting = wait is not None and not (isinstance(wait, threading.Event) and answered(wait))
+                    if rewound_now or (self._unfetched(p) and not waiting):  # next call, that
                         rewound.append(p)
             if not rewound:
                 self.stops.raise_new()  # the stops of the call ending now, once its work is done
@@ -376,7 +382,9 @@ class AppDriver:
     def _pump(self, p: int) -> None:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
         task = self.tasks[p]
-        task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
+        wait = task.registry_wait
+        if not isinstance(wait, threading.Event) or answered(wait):
+            task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
                 task.try_seek_back(self.consumer)  # type: ignore[arg-type]
@@ -441,3 +449,7 @@ class AppDriver:
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
             self.stops.stopped_at(task.partition, task.next_offset, e)
+
+
+def answered(look_up: threading.Event) -> bool:
+    return look_up.wait(REGISTRY_LOOKUP_WAIT_S)
