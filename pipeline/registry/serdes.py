@@ -446,8 +446,9 @@ def describe(error: BaseException) -> str:
 
 # After a request that got no answer, nothing asks the same client again for HOLD_S: a partition whose record needs
 # the registry then waits at once, instead of each asking in turn (where the look-up runs on the loop's thread, each
-# would block it for SCHEMA_REGISTRY_TIMEOUT_MS: 48 partitions x 5 s would outlast MAX_POLL_INTERVAL_MS). Records whose schemas are known (Avro's fast path) never
-# come here. Keyed by the client (weakly: a client's id could be reused by a new one): one registry, one verdict.
+# would block it for SCHEMA_REGISTRY_TIMEOUT_MS: 48 partitions x 5 s would outlast MAX_POLL_INTERVAL_MS). Records
+# whose schemas are known (Avro's fast path) never come here. Keyed by the client (weakly: a client's id could be
+# reused by a new one): one registry, one verdict.
 HOLD_S = 2.0
 _down_until: weakref.WeakKeyDictionary[Any, tuple[float, str]] = weakref.WeakKeyDictionary()
 

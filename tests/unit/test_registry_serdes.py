@@ -25,7 +25,8 @@ from pipeline.examples.running_totals_avro import schema
 from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, memory_registry, wire_schema_id
 from pipeline.registry import serdes as serdes_module
 from pipeline.registry.avro_codec import compile_schema, compile_wire
-from pipeline.settings import ConfigError
+from pipeline.registry.binding import check as registry_check
+from pipeline.settings import ConfigError, Settings
 from pipeline.testing import driver as driver_module
 from pipeline.testing.driver import AppDriver
 
@@ -200,6 +201,30 @@ def test_an_unknown_schema_id_answered_in_the_background_is_dead_lettered_as_sch
     [letter] = driver.dead_letters
     assert (letter.error_type, letter.schema_id, letter.value) == ("schema", 999, unknown)
     assert [o.value["id"] for o in driver.outputs] == [2]
+
+
+class RacedRegistry:
+    """Another instance registers the same new output subject at the same moment: Apicurio answers this one 409."""
+
+    def __init__(self) -> None:
+        self.inner = memory_registry()
+
+    def register_schema(self, subject: str, schema: Any, *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka.schema_registry import SchemaRegistryError
+
+        self.inner.register_schema(subject, schema)  # the other instance's, first
+        raise SchemaRegistryError(409, 409, f"An artifact with ID '{subject}' in group 'null' already exists.")
+
+    def test_compatibility(self, *args: Any, **kwargs: Any) -> bool:
+        return True  # a new subject (the in-memory client has no compatibility check of its own)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_output_subject_registered_by_another_instance_at_the_same_time_is_no_error() -> None:
+    app = bind(totals_avro, RacedRegistry())
+    registry_check(app, Settings(schema_registry_url="http://registry.example:8081"))  # no ConfigError
 
 
 def test_a_producer_moving_to_a_compatible_schema_is_read_without_restart() -> None:
