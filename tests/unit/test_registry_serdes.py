@@ -26,6 +26,7 @@ from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, m
 from pipeline.registry import serdes as serdes_module
 from pipeline.registry.avro_codec import compile_schema, compile_wire
 from pipeline.registry.binding import check as registry_check
+from pipeline.serde import background_registry_lookups
 from pipeline.settings import ConfigError, Settings
 from pipeline.testing import driver as driver_module
 from pipeline.testing.driver import AppDriver
@@ -411,3 +412,22 @@ def test_the_compiled_codec_leaves_other_schemas_to_fastavro_and_refuses_wrong_v
     for wrong in ("1", 2**63, 1.0):
         with pytest.raises(ValueError, match="not an Avro long"):
             write(bytearray(), wrong)
+
+
+def test_registry_look_ups_wait_in_the_background_for_records_and_run_inline_for_timers() -> None:
+    """A record can wait at its offset for a look-up (RegistryPending); a firing timer has no offset to wait at."""
+    seen: list[tuple[str, bool]] = []
+
+    def schedule(state: Any, record: Any) -> list[Output]:
+        seen.append(("process", background_registry_lookups.get()))
+        state.timers.schedule(record.key, record.timestamp_ms + 10)
+        return []
+
+    def fired(state: Any, timer: Any) -> list[Output]:
+        seen.append(("on_timer", background_registry_lookups.get()))
+        return []
+
+    driver = AppDriver(App("reminders", "in", "out", schedule, on_timer=fired))
+    driver.send("a", 1, timestamp_ms=0)
+    driver.send("b", 1, timestamp_ms=20)
+    assert seen == [("process", True), ("on_timer", False), ("process", True)]  # due before the record at 20
