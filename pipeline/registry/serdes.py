@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import io
 import json
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pipeline.registry.avro_codec import compile_wire
+from pipeline.registry.lookups import Lookup, in_memory, registry_answer
 from pipeline.serde import RegistryPending, RegistryUnavailable, SchemaError, background_registry_lookups
 
 SUBJECT_STRATEGIES = ("topic", "record", "topic_record")
@@ -40,28 +40,9 @@ class _Binding:
     writer: Callable[[Any], bytes] | None = None
     # Background look-ups (RegistrySerde._look_up_first): ("read", schema id) or ("write", None) -> the one in
     # flight or answered and not yet seen; and the keys whose answer is in the client's cache. Main thread only.
-    lookups: dict[tuple[str, int | None], _Lookup] = field(default_factory=dict)
+    lookups: dict[tuple[str, int | None], Lookup] = field(default_factory=dict)
     answered: set[tuple[str, int | None]] = field(default_factory=set)
     in_memory: bool = False  # confluent-kafka's mock client (the test driver's): no HTTP, nothing to wait for
-
-
-class _Lookup:
-    """One registry look-up on its own daemon thread: `call` is the serde's own (de)serializer call on the record
-    that needed it, which fetches (or registers) the schema into the client's cache. A daemon, so that a hung
-    registry never holds the process at exit (each request ends within SCHEMA_REGISTRY_TIMEOUT_MS anyway)."""
-
-    def __init__(self, call: Callable[[], Any]) -> None:
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        threading.Thread(target=self._run, args=(call,), name="registry-lookup", daemon=True).start()
-
-    def _run(self, call: Callable[[], Any]) -> None:
-        try:
-            call()
-        except BaseException as error:  # handed to the loop's thread, which decides (RegistrySerde._look_up_first)
-            self.error = error
-        finally:
-            self.done.set()
 
 
 class RegistrySerde:
@@ -145,7 +126,7 @@ class RegistrySerde:
             return
         lookup = binding.lookups.get(key)
         if lookup is None:
-            lookup = binding.lookups[key] = _Lookup(call)
+            lookup = binding.lookups[key] = Lookup(call)
         if not lookup.done.is_set():
             what = f"schema id {key[1]}" if key[0] == "read" else "the output schema"
             raise RegistryPending(f"schema registry: {what} of {binding.topic} being looked up", lookup.done)
@@ -153,7 +134,7 @@ class RegistrySerde:
         error = lookup.error
         if error is not None and transient(error):
             raise _down(binding.client, error)
-        if error is not None and _registry_answer(error):
+        if error is not None and registry_answer(error):
             raise error
         binding.answered.add(key)  # anything else came after the fetch: the caller's call meets it again, cached
 
@@ -168,7 +149,7 @@ class RegistrySerde:
 
         bound = copy.copy(self)
         context = SerializationContext(topic, MessageField.KEY if is_key else MessageField.VALUE)
-        bound._binding = _Binding(client, topic, is_key, context, in_memory=_in_memory(client))
+        bound._binding = _Binding(client, topic, is_key, context, in_memory=in_memory(client))
         return bound
 
     def _bound(self) -> _Binding:
@@ -423,19 +404,6 @@ def transient(error: BaseException) -> bool:
         status = error.http_status_code
         return status in TRANSIENT_STATUS or status >= 500
     return False
-
-
-def _registry_answer(error: BaseException) -> bool:
-    """An error the registry answered with (a 404 for an unknown schema id, say), rather than one of the record's."""
-    from confluent_kafka.schema_registry import SchemaRegistryError
-
-    return isinstance(error, SchemaRegistryError)
-
-
-def _in_memory(client: Any) -> bool:
-    from confluent_kafka.schema_registry._sync.mock_schema_registry_client import MockSchemaRegistryClient
-
-    return isinstance(client, MockSchemaRegistryClient)
 
 
 def describe(error: BaseException) -> str:

@@ -55,9 +55,7 @@ from pipeline.testing.stops import OnStop, PartitionStopped, Stops
 from pipeline.testing.strict import watched
 
 __all__ = ["AppDriver", "PartitionStopped", "Produced"]
-# How long a call waits for a background registry look-up to answer (a real client's, on a worker thread) before it
-# returns with the record waiting: the next call takes it up again.
-REGISTRY_LOOKUP_WAIT_S = 1.0
+REGISTRY_LOOKUP_WAIT_S = 1.0  # a call's wait for a background registry look-up; then the next call takes it up
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
 
 
@@ -209,7 +207,8 @@ class AppDriver:
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
                     wait = task.registry_wait  # a back-off: the next call's; a look-up: once it answers
-                    waiting = wait is not None and not (isinstance(wait, threading.Event) and answered(wait))
+                    answered = isinstance(wait, threading.Event) and wait.wait(REGISTRY_LOOKUP_WAIT_S)
+                    waiting = wait is not None and not answered
                     if rewound_now or (self._unfetched(p) and not waiting):  # next call, that
                         rewound.append(p)
             if not rewound:
@@ -383,7 +382,7 @@ class AppDriver:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
         task = self.tasks[p]
         wait = task.registry_wait
-        if not isinstance(wait, threading.Event) or answered(wait):
+        if not isinstance(wait, threading.Event) or wait.wait(REGISTRY_LOOKUP_WAIT_S):
             task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
@@ -449,7 +448,3 @@ class AppDriver:
             task.stop(str(e))
             self.consumer.paused.add(task.partition)
             self.stops.stopped_at(task.partition, task.next_offset, e)
-
-
-def answered(look_up: threading.Event) -> bool:
-    return look_up.wait(REGISTRY_LOOKUP_WAIT_S)
