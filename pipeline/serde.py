@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -30,6 +32,21 @@ class SchemaError(SerdeError):
 class RegistryUnavailable(Exception):
     """The schema registry did not answer (down, paused, overloaded, 5xx): a transient fault of the service, never
     the record's. The record is tried again later and is never dead-lettered for it (docs/guarantees.md)."""
+
+
+class RegistryPending(RegistryUnavailable):
+    """A registry look-up the record needs (a schema id not cached yet, an output schema's registration) runs on a
+    worker thread: the record waits, its partition paused, until `answered` is set, then is tried again. The poll
+    loop never waits on HTTP. Raised only where `background_registry_lookups` is on."""
+
+    def __init__(self, message: str, answered: threading.Event) -> None:
+        super().__init__(message)
+        self.answered = answered
+
+
+# Whether registry serdes look schemas up on a worker thread (RegistryPending) instead of the calling thread: on
+# where the sink pauses the record's partition until the answer comes (the Kafka sink's one-input tasks).
+background_registry_lookups: ContextVar[bool] = ContextVar("background_registry_lookups", default=False)
 
 
 class Serde(Protocol):

@@ -34,6 +34,7 @@ from pipeline.core.provenance import TIMER_HEADER, encode_timer
 from pipeline.core.task import StormGuard
 from pipeline.kafka.records import Consumed
 from pipeline.retry import Backoff, retry
+from pipeline.serde import background_registry_lookups
 from pipeline.settings import Settings
 from pipeline.state.timed import TIMER_PREFIXES, TTL_PREFIX, Due, TimedState
 
@@ -149,7 +150,12 @@ class TimerFiring:
                 return []
             if on_timer is None:
                 raise CodeError("on_timer", "is missing, but a timer is due", "give the App on_timer=...")
-            return [self.encode(o) for o in checked_outputs("on_timer", on_timer(state, timer))]
+            # A timer has no record to wait at (RegistryPending): its outputs' registry look-up, if any, runs inline.
+            inline = background_registry_lookups.set(False)
+            try:
+                return [self.encode(o) for o in checked_outputs("on_timer", on_timer(state, timer))]
+            finally:
+                background_registry_lookups.reset(inline)
 
         def failed(error: Exception, failures: int, delay: float | None) -> None:
             state.undo_record()  # the entry is back (queued again) with everything on_timer changed undone

@@ -213,7 +213,23 @@ def _check_output(serde: RegistrySerde, topic: str, is_key: bool) -> None:
                     "register it, or declare the serde with auto_register=True"
                 ) from error
         else:
-            client.register_schema(subject, schema)
+            _register(client, subject, schema)
+
+
+def _register(client: Any, subject: str, schema: Any) -> None:
+    """Registers the output schema under its subject. Two instances starting at once both register a new subject:
+    Apicurio answers the second with 409 ("already exists"); the schema is then registered, which a look-up shows."""
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    try:
+        client.register_schema(subject, schema)
+    except SchemaRegistryError as error:
+        if error.http_status_code != 409:
+            raise
+        try:
+            client.lookup_schema(subject, schema)
+        except SchemaRegistryError:
+            raise error from None  # not registered by another: the registry's refusal, as it came
 
 
 def _compatibility(client: Any, subject: str) -> str:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pipeline.registry.avro_codec import compile_wire
-from pipeline.serde import RegistryUnavailable, SchemaError
+from pipeline.registry.lookups import Lookup, in_memory, registry_answer
+from pipeline.serde import RegistryPending, RegistryUnavailable, SchemaError, background_registry_lookups
 
 SUBJECT_STRATEGIES = ("topic", "record", "topic_record")
 LATEST = "latest"
@@ -37,6 +38,11 @@ class _Binding:
     # and encode(obj) once the header is known (pipeline/registry/avro_codec.py, else fastavro).
     readers: dict[bytes, Callable[[bytes], Any]] = field(default_factory=dict)
     writer: Callable[[Any], bytes] | None = None
+    # Background look-ups (RegistrySerde._look_up_first): ("read", schema id) or ("write", None) -> the one in
+    # flight or answered and not yet seen; and the keys whose answer is in the client's cache. Main thread only.
+    lookups: dict[tuple[str, int | None], Lookup] = field(default_factory=dict)
+    answered: set[tuple[str, int | None]] = field(default_factory=set)
+    in_memory: bool = False  # confluent-kafka's mock client (the test driver's): no HTTP, nothing to wait for
 
 
 class RegistrySerde:
@@ -83,7 +89,10 @@ class RegistrySerde:
         binding = self._bound()
         _refuse_while_down(binding.client)
         try:
+            self._look_up_first(binding, ("write", None), lambda: self._writer(binding)(obj, binding.context))
             return self._writer(binding)(obj, binding.context)
+        except RegistryUnavailable:
+            raise
         except Exception as error:
             if transient(error):
                 raise _down(binding.client, error) from error
@@ -94,14 +103,40 @@ class RegistrySerde:
             return None
         binding = self._bound()
         _refuse_while_down(binding.client)
+        schema_id = wire_schema_id(data)
         try:
+            if schema_id is not None:  # without a header, the call fails without asking the registry
+                self._look_up_first(binding, ("read", schema_id), lambda: self._reader(binding)(data, binding.context))
             return self._reader(binding)(data, binding.context)
+        except RegistryUnavailable:
+            raise
         except Exception as error:
             if transient(error):
                 raise _down(binding.client, error) from error
-            schema_id = wire_schema_id(data)
             what = f"{self.format_name} {_field(binding.is_key)} of {binding.topic} (schema id {schema_id})"
             raise SchemaError(f"{what}: {describe(error)}", schema_id) from error
+
+    def _look_up_first(self, binding: _Binding, key: tuple[str, int | None], call: Callable[[], Any]) -> None:
+        """Where the sink waits for background look-ups (background_registry_lookups), a schema id (or the output
+        schema) not answered yet is looked up on a worker thread, one in flight per key: RegistryPending until it
+        answers, then the answer decides. Fetched: the caller's own call finds it in the client's cache. No answer:
+        RegistryUnavailable (the sink's back-off; the next attempt asks again). The registry's answer about the id
+        (a 404: no such schema id): raised as the call would raise it (the record is dead-lettered as `schema`)."""
+        if binding.in_memory or key in binding.answered or not background_registry_lookups.get():
+            return
+        lookup = binding.lookups.get(key)
+        if lookup is None:
+            lookup = binding.lookups[key] = Lookup(call)
+        if not lookup.done.is_set():
+            what = f"schema id {key[1]}" if key[0] == "read" else "the output schema"
+            raise RegistryPending(f"schema registry: {what} of {binding.topic} being looked up", lookup.done)
+        del binding.lookups[key]
+        error = lookup.error
+        if error is not None and transient(error):
+            raise _down(binding.client, error)
+        if error is not None and registry_answer(error):
+            raise error
+        binding.answered.add(key)  # anything else came after the fetch: the caller's call meets it again, cached
 
     # -- binding -----------------------------------------------------------------------------------------------------
     @property
@@ -114,7 +149,7 @@ class RegistrySerde:
 
         bound = copy.copy(self)
         context = SerializationContext(topic, MessageField.KEY if is_key else MessageField.VALUE)
-        bound._binding = _Binding(client, topic, is_key, context)
+        bound._binding = _Binding(client, topic, is_key, context, in_memory=in_memory(client))
         return bound
 
     def _bound(self) -> _Binding:
@@ -378,9 +413,10 @@ def describe(error: BaseException) -> str:
 
 
 # After a request that got no answer, nothing asks the same client again for HOLD_S: a partition whose record needs
-# the registry then waits at once, instead of each blocking the poll loop for SCHEMA_REGISTRY_TIMEOUT_MS in turn
-# (48 partitions x 5 s would outlast MAX_POLL_INTERVAL_MS). Records whose schemas are known (Avro's fast path) never
-# come here. Keyed by the client (weakly: a client's id could be reused by a new one): one registry, one verdict.
+# the registry then waits at once, instead of each asking in turn (where the look-up runs on the loop's thread, each
+# would block it for SCHEMA_REGISTRY_TIMEOUT_MS: 48 partitions x 5 s would outlast MAX_POLL_INTERVAL_MS). Records
+# whose schemas are known (Avro's fast path) never come here. Keyed by the client (weakly: a client's id could be
+# reused by a new one): one registry, one verdict.
 HOLD_S = 2.0
 _down_until: weakref.WeakKeyDictionary[Any, tuple[float, str]] = weakref.WeakKeyDictionary()
 

@@ -23,6 +23,7 @@ after each call.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -54,6 +55,7 @@ from pipeline.testing.stops import OnStop, PartitionStopped, Stops
 from pipeline.testing.strict import watched
 
 __all__ = ["AppDriver", "PartitionStopped", "Produced"]
+REGISTRY_LOOKUP_WAIT_S = 1.0  # a call's wait for a background registry look-up; then the next call takes it up
 MAX_TURNS = 100_000  # loop turns per call: an on_timer that keeps scheduling due timers ends here
 
 
@@ -204,7 +206,10 @@ class AppDriver:
                     self._guarded(task, commit_transaction, task.txn, self.consumer)
                     # the commit may have aborted (TEST_ABORT_EVERY); mypy keeps the phase checked above
                     rewound_now = task.phase is Phase.REWINDING  # type: ignore[comparison-overlap]
-                    if rewound_now or (self._unfetched(p) and not task.waiting_for_registry):  # next call, that
+                    wait = task.registry_wait  # a back-off: the next call's; a look-up: once it answers
+                    answered = isinstance(wait, threading.Event) and wait.wait(REGISTRY_LOOKUP_WAIT_S)
+                    waiting = wait is not None and not answered
+                    if rewound_now or (self._unfetched(p) and not waiting):  # next call, that
                         rewound.append(p)
             if not rewound:
                 self.stops.raise_new()  # the stops of the call ending now, once its work is done
@@ -376,7 +381,9 @@ class AppDriver:
     def _pump(self, p: int) -> None:
         """Loop turns for p, as the runner's: fetch and process, tick; until nothing is left to do."""
         task = self.tasks[p]
-        task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
+        wait = task.registry_wait
+        if not isinstance(wait, threading.Event) or wait.wait(REGISTRY_LOOKUP_WAIT_S):
+            task.end_registry_wait()  # after a schema registry fault: the driver's clock does not wait
         for _ in range(MAX_TURNS):
             if task.phase is Phase.REWINDING:
                 task.try_seek_back(self.consumer)  # type: ignore[arg-type]

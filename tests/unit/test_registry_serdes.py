@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ from pipeline.examples.running_totals_avro import schema
 from pipeline.registry import AvroSerde, JsonSchemaSerde, ProtobufSerde, bind, memory_registry, wire_schema_id
 from pipeline.registry import serdes as serdes_module
 from pipeline.registry.avro_codec import compile_schema, compile_wire
-from pipeline.settings import ConfigError
+from pipeline.registry.binding import check as registry_check
+from pipeline.serde import background_registry_lookups
+from pipeline.settings import ConfigError, Settings
+from pipeline.testing import driver as driver_module
 from pipeline.testing.driver import AppDriver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +53,28 @@ class FlakyRegistry:
             self.refused += 1
             raise httpx.ConnectError("connection refused (test: the registry is down)")
         self.served.add(args)
+        return self.inner.get_schema(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class HangingRegistry:
+    """An in-memory registry client whose look-ups of a schema not served yet hang until the test releases them (a
+    registry that accepts the connection and does not answer). Broken loop: the driver's step waits here 10 s."""
+
+    def __init__(self) -> None:
+        self.inner = memory_registry()
+        self.release = threading.Event()
+        self.served: set[tuple[Any, ...]] = set()
+        self.asked = self.answered = 0
+
+    def get_schema(self, *args: Any) -> Any:
+        if args not in self.served:
+            self.asked += 1
+            self.release.wait(10)
+            self.answered += 1
+            self.served.add(args)
         return self.inner.get_schema(*args)
 
     def __getattr__(self, name: str) -> Any:
@@ -145,6 +171,61 @@ def test_after_a_registry_fault_other_partitions_wait_at_once_instead_of_asking_
         driver.send_bytes(encode_key(f"acct-{p}"), encode_v2({"id": p, "amount": 1, "currency": "X"}), partition=p)
     assert registry.refused == 1  # the first partition asked; the other two waited without a request
     assert driver.outputs == [] and driver.dead_letters == []
+
+
+def test_a_look_up_not_answered_yet_does_not_block_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(driver_module, "REGISTRY_LOOKUP_WAIT_S", 0.05)  # how long the driver's step lets it answer
+    registry = HangingRegistry()
+    driver = AppDriver(totals_avro, schema_registry=registry)
+    encode_key, encode_value = foreign_producer(registry.inner, schema("transaction.avsc"))
+    driver.send_bytes(encode_key("acct-1"), encode_value({"id": 1, "amount": 5}))
+    assert (registry.asked, registry.answered) == (1, 0)  # the step returned while the look-up hangs
+    assert driver.outputs == [] and driver.dead_letters == []  # the record waits: neither lost nor dead-lettered
+    registry.release.set()
+    monkeypatch.setattr(driver_module, "REGISTRY_LOOKUP_WAIT_S", 10.0)  # answered now: the look-ups end at once
+    driver.run()
+    assert [(o.value["id"], o.value["sum"]) for o in driver.outputs] == [(1, 5)]
+    asked = registry.asked
+    driver.send_bytes(encode_key("acct-1"), encode_value({"id": 2, "amount": 7}))  # cached: no look-up, no wait
+    assert [o.value["sum"] for o in driver.outputs] == [5, 12] and registry.asked == asked
+    assert driver.verify().ok, driver.verify().summary()
+
+
+def test_an_unknown_schema_id_answered_in_the_background_is_dead_lettered_as_schema() -> None:
+    registry = HangingRegistry()
+    registry.release.set()  # it answers: 404 for the unknown id
+    driver = AppDriver(totals_avro, schema_registry=registry)
+    encode_key, encode_value = foreign_producer(registry.inner, schema("transaction.avsc"))
+    unknown = b"\x00\x00\x00\x03\xe7payload"
+    driver.send_bytes(encode_key("acct-1"), unknown)
+    driver.send_bytes(encode_key("acct-1"), encode_value({"id": 2, "amount": 7}))
+    [letter] = driver.dead_letters
+    assert (letter.error_type, letter.schema_id, letter.value) == ("schema", 999, unknown)
+    assert [o.value["id"] for o in driver.outputs] == [2]
+
+
+class RacedRegistry:
+    """Another instance registers the same new output subject at the same moment: Apicurio answers this one 409."""
+
+    def __init__(self) -> None:
+        self.inner = memory_registry()
+
+    def register_schema(self, subject: str, schema: Any, *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka.schema_registry import SchemaRegistryError
+
+        self.inner.register_schema(subject, schema)  # the other instance's, first
+        raise SchemaRegistryError(409, 409, f"An artifact with ID '{subject}' in group 'null' already exists.")
+
+    def test_compatibility(self, *args: Any, **kwargs: Any) -> bool:
+        return True  # a new subject (the in-memory client has no compatibility check of its own)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_output_subject_registered_by_another_instance_at_the_same_time_is_no_error() -> None:
+    app = bind(totals_avro, RacedRegistry())
+    registry_check(app, Settings(schema_registry_url="http://registry.example:8081"))  # no ConfigError
 
 
 def test_a_producer_moving_to_a_compatible_schema_is_read_without_restart() -> None:
@@ -331,3 +412,22 @@ def test_the_compiled_codec_leaves_other_schemas_to_fastavro_and_refuses_wrong_v
     for wrong in ("1", 2**63, 1.0):
         with pytest.raises(ValueError, match="not an Avro long"):
             write(bytearray(), wrong)
+
+
+def test_registry_look_ups_wait_in_the_background_for_records_and_run_inline_for_timers() -> None:
+    """A record can wait at its offset for a look-up (RegistryPending); a firing timer has no offset to wait at."""
+    seen: list[tuple[str, bool]] = []
+
+    def schedule(state: Any, record: Any) -> list[Output]:
+        seen.append(("process", background_registry_lookups.get()))
+        state.timers.schedule(record.key, record.timestamp_ms + 10)
+        return []
+
+    def fired(state: Any, timer: Any) -> list[Output]:
+        seen.append(("on_timer", background_registry_lookups.get()))
+        return []
+
+    driver = AppDriver(App("reminders", "in", "out", schedule, on_timer=fired))
+    driver.send("a", 1, timestamp_ms=0)
+    driver.send("b", 1, timestamp_ms=20)
+    assert seen == [("process", True), ("on_timer", False), ("process", True)]  # due before the record at 20

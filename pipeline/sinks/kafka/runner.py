@@ -45,7 +45,7 @@ from pipeline.sinks.kafka.commit import abort_and_rewind, abort_transaction, clo
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.snapshot import publish_shutdown_snapshot
 from pipeline.sinks.kafka.takeover import TakeOver
-from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
+from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext, registry_wait_over
 from pipeline.sinks.kafka.transaction import (
     PartitionDropped,
     Transaction,
@@ -346,13 +346,14 @@ class KafkaRunner(TakeOver, PollLoop):
                 self._take_over([p], reassign=True)
 
     def _end_registry_waits(self) -> None:
-        """Partitions paused after a schema registry fault whose back-off is over are fetched again."""
+        """Partitions paused for the schema registry whose back-off is over, or whose look-up answered, are fetched
+        again."""
         waits = self._ctx.registry_waits if self._ctx is not None else None
         if not waits:
             return
         now = time.monotonic()
         for p, until in list(waits.items()):
-            if until > now:
+            if not registry_wait_over(until, now):
                 continue
             task = self.tasks.get(p)
             if task is None:

@@ -23,6 +23,7 @@ batch, retries, the phases) is pipeline/core/task.py.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,14 @@ from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff
-from pipeline.serde import RegistryUnavailable, identity, skip_bytes_deserialize, skip_bytes_serialize
+from pipeline.serde import (
+    RegistryPending,
+    RegistryUnavailable,
+    background_registry_lookups,
+    identity,
+    skip_bytes_deserialize,
+    skip_bytes_serialize,
+)
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
 from pipeline.state import PartitionState
@@ -58,6 +66,13 @@ REGISTRY_BACKOFF_MAX_S = 5.0
 
 def registry_backoff(settings: Settings) -> Backoff:
     return Backoff(settings.processing_backoff_ms / 1000, 2.0, REGISTRY_BACKOFF_MAX_S)
+
+
+RegistryWait = float | threading.Event  # until when (time.monotonic()), or until the look-up answers
+
+
+def registry_wait_over(until: RegistryWait, now: float) -> bool:
+    return until.is_set() if isinstance(until, threading.Event) else until <= now
 
 
 # An output as the producer takes it: (topic, key bytes, value bytes, partition or -1, headers).
@@ -80,9 +95,10 @@ class KafkaTaskContext:
     wall_clock: Callable[[], int] = wall_clock_ms  # what timers and TTL call the wall clock (the test driver's own)
     global_tables: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)  # name -> what process reads
     schedule: Schedule | None = None  # the runner's loop's (None: each task has its own, outside a loop)
-    # p -> when p, paused after a schema registry fault, is fetched again (KafkaTask._wait_for_registry): the runner
-    # looks at this dict every turn, never at every task.
-    registry_waits: dict[int, float] = field(default_factory=dict)
+    # p -> when p, paused for the schema registry, is fetched again (KafkaTask._wait_for_registry): a time after a
+    # fault, or the event a background look-up sets when it answers. The runner looks at this dict every turn, never
+    # at every task (registry_wait_over).
+    registry_waits: dict[int, RegistryWait] = field(default_factory=dict)
 
 
 class KafkaTask(Task):
@@ -143,6 +159,15 @@ class KafkaTask(Task):
 
     # -- 2. process ----------------------------------------------------------------------------------------------------
     def process(self, messages: list[Consumed]) -> None:
+        """Processes a batch of p's records; a registry look-up they need runs in the background meanwhile (p waits
+        for its answer, paused: RegistryPending), so that the loop never waits on the registry's HTTP."""
+        background = background_registry_lookups.set(True)
+        try:
+            self._process(messages)
+        finally:
+            background_registry_lookups.reset(background)
+
+    def _process(self, messages: list[Consumed]) -> None:
         """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
         identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
         if self._timers is not None and self._timers.held:  # fetched while a burst of timers fires: held too
@@ -206,7 +231,13 @@ class KafkaTask(Task):
         record's. Its state changes are undone already; p stops this batch there, seeks back to it, and stays
         paused for a back-off (doubling from PROCESSING_BACKOFF_MS up to REGISTRY_BACKOFF_MAX_S) while the loop
         goes on polling: the group membership holds, the open transaction commits what came before `msg`, and
-        `msg` is tried again after the pause (the runner resumes p: `registry_waits`). Never dead-lettered for it."""
+        `msg` is tried again after the pause (the runner resumes p: `registry_waits`). Never dead-lettered for it.
+        A look-up still running (RegistryPending) is no fault: p waits the same way, until it answers."""
+        if isinstance(error, RegistryPending):
+            log.debug("p%d: %s waits for a schema registry look-up (%s)", self.partition, where(msg), error)
+            self._seek_back_and_pause(msg)
+            self.ctx.registry_waits[self.partition] = error.answered
+            return
         self._registry_failures = 1 if processed else self._registry_failures + 1
         delay = registry_backoff(self.settings).delay(self._registry_failures)
         self._attempts.errors.inc()
@@ -218,17 +249,24 @@ class KafkaTask(Task):
             delay,
             self._registry_failures,
         )
+        self._seek_back_and_pause(msg)
+        self.ctx.registry_waits[self.partition] = time.monotonic() + delay
+
+    def _seek_back_and_pause(self, msg: Consumed) -> None:
         try:
             self.ctx.consumer.seek(TopicPartition(self.input_topic, self.partition, msg.offset()))
         except KafkaException as e:  # p cannot be moved back to the record: the abort's rewind can (and retries)
-            raise TransactionAborted(f"seek back to {where(msg)} after a registry fault: {e}") from e
+            raise TransactionAborted(f"seek back to {where(msg)} to wait for the schema registry: {e}") from e
         self.seeks += 1  # a batch of p polled before the seek is not handed over (the runner compares)
         self._pause_input(True)
-        self.ctx.registry_waits[self.partition] = time.monotonic() + delay
 
     @property
     def waiting_for_registry(self) -> bool:
         return self.partition in self.ctx.registry_waits
+
+    @property
+    def registry_wait(self) -> RegistryWait | None:
+        return self.ctx.registry_waits.get(self.partition)
 
     def end_registry_wait(self) -> None:
         """The back-off after a registry fault is over (the runner calls it): p is fetched again, from the record
