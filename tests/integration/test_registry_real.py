@@ -236,7 +236,9 @@ def test_pipeline_verify_names_an_unreachable_registry_before_it_reads(kafka_boo
     assert "SCHEMA_REGISTRY_URL=http://127.0.0.1:9: the schema registry did not answer" in result.stderr
 
 
-def test_a_paused_registry_at_start_up_times_out_into_the_same_error(kafka_bootstrap, schema_registry):
+def test_a_paused_registry_at_start_up_times_out_into_the_same_error(kafka_bootstrap, private_schema_registry):
+    # A registry of its own: pausing the shared one would stall the other lane's tests, and their resume end this pause.
+    schema_registry = private_schema_registry
     schema_registry.pause()
     try:
         env = {
@@ -311,8 +313,9 @@ def v2_transaction() -> str:
 
 
 def test_a_registry_paused_while_running_is_waited_for_and_a_new_schema_is_read_without_restart(
-    kafka_bootstrap, schema_registry: SchemaRegistry
+    kafka_bootstrap, private_schema_registry: SchemaRegistry
 ):
+    schema_registry = private_schema_registry  # paused: a registry of its own (the shared one serves both lanes)
     app, app_id = fresh(kafka_bootstrap, totals_avro)
     settings = config(kafka_bootstrap, app_id, schema_registry.url, schema_registry_timeout_ms=1_000)
     theirs = SchemaRegistryClient({"url": schema_registry.url})  # another producer: its own client and cache

@@ -41,7 +41,9 @@ def pg_fault_run(kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path) -> Ite
         """`bootstrap`: another Kafka than the shared broker (the 3-node cluster, replication 3)."""
         settings = {f"PIPELINE_{k.upper()}": str(v) for k, v in env.items()}
         run = FaultRun(
-            load_app(spec),
+            # The same App; importing the unfenced double here would patch PostgresTask for every later test of
+            # this process (a full run's test_pg_protocol then saw no fence).
+            load_app(SPEC if spec == UNFENCED else spec),
             spec,
             bootstrap or kafka_bootstrap,
             PARTITIONS,
