@@ -26,6 +26,18 @@ def merge_order(topics: Sequence[str], tables: Collection[str]) -> list[str]:
     return sorted(topics, key=lambda t: (t not in tables, index[t]))
 
 
+def enqueue(
+    queues: Mapping[str, deque[Consumed]], positions: Mapping[str, int | None], messages: list[Consumed]
+) -> None:
+    """Each message into its topic's queue, unless it is below the task's position in that topic (fetched before a
+    seek back: the seek fetches it again)."""
+    for m in messages:
+        topic = m.topic()
+        position = positions[topic]
+        if position is None or m.offset() >= position:
+            queues[topic].append(m)
+
+
 def next_run(
     queues: Mapping[str, deque[Consumed]],
     order: Sequence[str],

@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from pipeline.app import Record
 from pipeline.core.lifecycle import Phase
-from pipeline.core.merge import OrderRuns, merge_order, must_wait, next_run
+from pipeline.core.merge import OrderRuns, enqueue, merge_order, must_wait, next_run
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.kafka.records import Consumed
 from pipeline.serde import skip_bytes_deserialize
@@ -111,12 +111,7 @@ class MultiInputTask(KafkaTask):
         """Queues p's records by topic, then takes what can be taken in timestamp order."""
         if self._phase is not Phase.RUNNING:
             return
-        nexts, queues = self.next_offsets, self._queues
-        for m in messages:
-            topic = m.topic()
-            position = nexts[topic]
-            if position is None or m.offset() >= position:
-                queues[topic].append(m)
+        enqueue(self._queues, self.next_offsets, messages)
         self._take_in_order()
 
     def tick(self, now_ms: int) -> None:

@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from pipeline.app import App, checked_outputs
 from pipeline.core.lifecycle import Phase
-from pipeline.core.merge import OrderRuns, merge_order, must_wait, next_run
+from pipeline.core.merge import OrderRuns, enqueue, merge_order, must_wait, next_run
 from pipeline.core.processing import record_from_message
 from pipeline.kafka.clients import restore_consumer_config
 from pipeline.kafka.records import Consumed
@@ -139,11 +139,7 @@ class PostgresMultiTask(PostgresTask):
         """Queues p's records by topic, then takes what can be taken in timestamp order."""
         if self._phase is not Phase.RUNNING:
             return
-        nexts, queues = self.next_offsets, self._queues
-        for m in messages:
-            topic, position = m.topic(), nexts[m.topic()]
-            if position is None or m.offset() >= position:
-                queues[topic].append(m)
+        enqueue(self._queues, self.next_offsets, messages)
         self.tick()
 
     def tick(self) -> None:
