@@ -25,12 +25,13 @@ demo: setup
 	deploy/local/kafka.sh start
 	$(PY) -m tools.demo
 
-# Lint first (seconds, so a wrong type or format fails before the long run), then pytest, and beside it the fault
-# suite in the other PRODUCERS mode and under KIP-848 (tests/run.sh). The Schema Registry is built here, once (Maven,
-# ~2 minutes cold), so that no test waits for it; `make demo` does not need it.
+# Lint first (a minute, so a wrong type or format fails before the long run), then the suite in three lanes
+# (tests/run.sh). The Schema Registry is built here, once (Maven, ~2 minutes cold, then cached), beside the lint so
+# that neither waits for the other and no test waits for it; `make demo` does not need it.
 test: setup
-	$(MAKE) --no-print-directory lint
-	deploy/local/registry.sh build
+	@mkdir -p .run; deploy/local/registry.sh build >.run/registry-build.log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory lint || { kill $$build; exit 1; }; \
+	wait $$build || { cat .run/registry-build.log; echo "registry build failed (log above)"; exit 1; }
 	tests/run.sh $(PYTEST_ARGS)
 
 # The tests that need no server (every one not marked kafka, tests/plugins/servers.py): seconds, nothing started,

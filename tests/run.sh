@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# `make test` after lint: the whole suite (the second lane's files aside) and, side by side with it, the Kafka fault
-# suite again in the runtime's other configurations (the PRODUCERS mode that is not the default; then
-# GROUP_PROTOCOL=consumer, KIP-848), then the container-image and Airflow tests. They share the one local broker, each
-# test on topics and a group of its own. Side by side rather than one after the other: most of a fault test is waiting
-# (paced input, session time-outs), and CI must stay under 40 minutes on 2 cores. Arguments go to the main run. Exit
-# status: non-zero if either run failed. The second lane's log: .test-matrix.log.
+# `make test` after lint: the whole suite in three lanes that start together and share the one local broker and
+# registry (each test has topics and a group of its own). Side by side rather than one after the other: most of a
+# fault test is waiting (paced input, session time-outs) and the image tests are mostly podman unpacking, and CI must
+# stay under 40 minutes on 2 cores.
+#   lane 1, the main run (arguments go to it): everything the other lanes don't run. It keeps every test that kills
+#           a shared server: the 3-node cluster's tests (they kill and restart nodes) and tests/postgres (one kills
+#           PostgreSQL) run in this lane only, beside the other users of PostgreSQL (tests/unit, infra, security).
+#   lane 2: tests/faults in the default PRODUCERS mode, the process faults again under GROUP_PROTOCOL=consumer
+#           (KIP-848), then tests/snapshots (Spark) and the Airflow DAG's run.
+#   lane 3: tests/faults in the other PRODUCERS mode, then the container-image tests (image builds, `make demo` on a
+#           fresh machine).
+# Lanes 2 and 3 leave out the cluster's fault tests (lane 1 runs them, in both modes: the tests take both in turn).
+# Their logs: .test-lane-2.log and .test-lane-3.log; each lane ends with its 15 slowest tests. Exit status: non-zero
+# if any lane failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-PYTEST=(.venv/bin/pytest -p no:cacheprovider)  # the matrix run; the main run is as before
-MATRIX_LOG=.test-matrix.log
+PYTEST=(.venv/bin/pytest -p no:cacheprovider --durations=15)
 
-# One broker for both runs, started before either (two sessions must not race to start it), stopped after both.
+# One broker for all lanes, started before any (two sessions must not race to start it), stopped after all.
 started_broker=0
 if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]] && ! deploy/local/kafka.sh status | grep -q running; then
     deploy/local/kafka.sh start && started_broker=1
@@ -29,24 +36,43 @@ trap stop_servers EXIT
 
 other_producers=$($PY -c 'from pipeline.settings import PER_PARTITION, PER_PROCESS, Settings
 print(PER_PROCESS if Settings.producers == PER_PARTITION else PER_PARTITION)')
-# The container-image tests (image builds, `make demo` on a fresh machine: 7-12 minutes, mostly podman) and the
-# Airflow DAG's run (~1.5 minutes) go in this second lane too, after the matrix, so that neither lane passes ~30
-# minutes.
-SECOND_LANE=(tests/image tests/infra/test_airflow_dag.py)
-(
-    PIPELINE_PRODUCERS=$other_producers "${PYTEST[@]}" -q -m "not cluster" tests/faults \
-        --basetemp="$(mktemp -d)" && \
-    PIPELINE_GROUP_PROTOCOL=consumer "${PYTEST[@]}" -q tests/faults/test_process_faults.py \
-        tests/faults/test_standby_promotion.py \
-        --basetemp="$(mktemp -d)" && \
-    "${PYTEST[@]}" -q "${SECOND_LANE[@]}" --basetemp="$(mktemp -d)"
-) >"$MATRIX_LOG" 2>&1 &
-matrix=$!
+LANE_2_ONLY=(tests/snapshots tests/infra/test_airflow_dag.py)
+LANE_3_ONLY=(tests/image)
+START=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - START )) s"; }
 
-.venv/bin/pytest "${SECOND_LANE[@]/#/--ignore=}" "$@"
+# Every part of a lane runs, whatever the one before it gave, so that one red run shows every failure.
+lane_2() {
+    local failed=0
+    "${PYTEST[@]}" -q -m "faults and not cluster" tests/faults --basetemp="$(mktemp -d)" || failed=1
+    PIPELINE_GROUP_PROTOCOL=consumer "${PYTEST[@]}" -q tests/faults/test_process_faults.py \
+        tests/faults/test_standby_promotion.py --basetemp="$(mktemp -d)" || failed=1
+    "${PYTEST[@]}" -q "${LANE_2_ONLY[@]}" --basetemp="$(mktemp -d)" || failed=1
+    echo "lane 2 ended after $(elapsed)"
+    return $failed
+}
+lane_3() {
+    local failed=0
+    PIPELINE_PRODUCERS=$other_producers "${PYTEST[@]}" -q -m "faults and not cluster" tests/faults \
+        --basetemp="$(mktemp -d)" || failed=1
+    "${PYTEST[@]}" -q "${LANE_3_ONLY[@]}" --basetemp="$(mktemp -d)" || failed=1
+    echo "lane 3 ended after $(elapsed)"
+    return $failed
+}
+lane_2 >.test-lane-2.log 2>&1 &
+lane_2_pid=$!
+lane_3 >.test-lane-3.log 2>&1 &
+lane_3_pid=$!
+
+"${PYTEST[@]}" -m "not faults or cluster" "${LANE_2_ONLY[@]/#/--ignore=}" "${LANE_3_ONLY[@]/#/--ignore=}" "$@"
 main_status=$?
-wait $matrix
-matrix_status=$?
-echo "--- fault suite with PRODUCERS=$other_producers, then GROUP_PROTOCOL=consumer, then ${SECOND_LANE[*]} ($MATRIX_LOG) ---"
-grep -E "passed|failed|error|^FAILED|^ERROR" "$MATRIX_LOG" | tail -20
-(( main_status == 0 && matrix_status == 0 ))
+echo "--- lane 1 ended after $(elapsed) ---"
+wait $lane_2_pid
+lane_2_status=$?
+echo "--- lane 2 (.test-lane-2.log): tests/faults, the process faults under KIP-848, ${LANE_2_ONLY[*]} ---"
+grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-2.log | tail -20
+wait $lane_3_pid
+lane_3_status=$?
+echo "--- lane 3 (.test-lane-3.log): tests/faults with PRODUCERS=$other_producers, ${LANE_3_ONLY[*]} ---"
+grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-3.log | tail -20
+(( main_status == 0 && lane_2_status == 0 && lane_3_status == 0 ))

@@ -37,6 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if needs_servers(item):
             item.add_marker(pytest.mark.kafka)
+        if item.path.is_relative_to(TESTS / "faults"):
+            item.add_marker(pytest.mark.faults)  # tests/run.sh gives them lanes of their own
 
 
 @pytest.hookimpl(tryfirst=True)
