@@ -14,9 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.cli import main
 from pipeline.core.queries import Queries, murmur2
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.metrics import HealthServer, Metrics
+from pipeline.query_client import query
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.commit import abort_transaction
 from pipeline.state import PartitionState
@@ -254,3 +256,31 @@ def test_the_token_is_required_over_http_and_never_echoed() -> None:
 )
 def test_murmur2_is_kafkas(key: bytes, expected: int) -> None:
     assert murmur2(key) == expected & 0xFFFFFFFF
+
+
+# -- the client and `pipeline query` --------------------------------------------------------------------------------
+def test_the_client_and_the_command_follow_the_redirect_to_the_owner(capsys: pytest.CaptureFixture[str]) -> None:
+    driver = AppDriver(running_totals, partitions=2)
+    driver.send("acct-1", {"id": 1, "amount": 5})
+    p = driver._partition(None, b"acct-1")
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True, query_partitioner="crc32")
+    directory: dict[int, str] = {}
+    servers = []
+    for owned in (1 - p, p):  # the first one asked does not own the key's partition
+        queries = Queries(driver.app, s, {owned: driver.tasks[owned]}, lambda: 2, directory.get)
+        servers.append(HealthServer(Metrics(), lambda: True, 0, "127.0.0.1", routes=queries.route).start())
+        directory[owned] = f"127.0.0.1:{servers[-1].port}"
+    first = f"http://{directory[1 - p]}"
+    try:
+        answer = query(first, "acct-1")
+        assert (answer.value, answer.partition, answer.offset) == ([1, 5], p, 1)
+        assert answer.hops == [first, f"http://{directory[p]}"]
+        assert main(["query", "pipeline.examples.running_totals:app", "acct-1", "--url", first]) == 0
+        assert orjson.loads(capsys.readouterr().out)["value"] == [1, 5]
+        assert main(["query", "pipeline.examples.running_totals:app", "acct-9", "--url", first]) == 1
+        assert query(first, None, prefix="acct-", partition_key="acct-1").body["entries"] == [
+            {"key": "acct-1", "value": [1, 5]}
+        ]
+    finally:
+        for server in servers:
+            server.stop()
