@@ -23,6 +23,7 @@ from pipeline.settings import Settings
 from pipeline.sinks.kafka.commit import abort_transaction
 from pipeline.state import PartitionState
 from pipeline.testing.driver import AppDriver
+from tests.harness import Harness
 
 
 def committed(data: dict[str, int]) -> PartitionState:
@@ -284,3 +285,19 @@ def test_the_client_and_the_command_follow_the_redirect_to_the_owner(capsys: pyt
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_partition_being_restored_answers_503_with_retry_after() -> None:
+    harness = Harness()
+    task = harness.new_task(0)
+    task.start(5, restore=True)  # RESTORING until its state is complete
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True)
+    queries = Queries(running_totals, s, {0: task}, lambda: 1)
+    reply = queries.handle("/state/acct", {})
+    assert reply is not None and (reply.status, reply.headers["Retry-After"]) == (503, "1")
+    assert b"being restored" in reply.body
+    task.restored(PartitionState())  # complete (empty): answers, at the committed offset
+    assert answer(queries, "/state/acct") == (
+        404,
+        {"key": "acct", "partition": 0, "topic": "in", "offset": 5, "found": False, "value": None},
+    )
