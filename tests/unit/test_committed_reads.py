@@ -17,6 +17,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.core.queries import Queries, murmur2
 from pipeline.examples.running_totals import app as running_totals
+from pipeline.kafka.liveness import Beat, Peers
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.query_client import query
 from pipeline.settings import Settings
@@ -300,4 +301,16 @@ def test_a_partition_being_restored_answers_503_with_retry_after() -> None:
     assert answer(queries, "/state/acct") == (
         404,
         {"key": "acct", "partition": 0, "topic": "in", "offset": 5, "found": False, "value": None},
+    )
+
+
+def test_the_directory_names_the_freshest_owner_heard_within_the_bound() -> None:
+    peers = Peers("me", bound_s=1.0)
+    peers.heard(Beat("a", "m-a", query_address="a:1", partitions=(0, 1)), now=10.0)
+    peers.heard(Beat("b", "m-b", query_address="b:1", partitions=(1,)), now=10.5)
+    peers.heard(Beat("c", "m-c", query_address="c:1", partitions=(2,), stopping=True), now=10.5)
+    assert [peers.owner(p, now=10.9) for p in (0, 1, 2)] == ["a:1", "b:1", None]  # b took 1 over; c stopped
+    assert peers.owner(0, now=11.2) is None  # a not heard for longer than the bound
+    assert Beat.decode(Beat("d", partitions=(3, 4), query_address="d:1").encode()) == Beat(
+        "d", partitions=(3, 4), query_address="d:1"
     )
