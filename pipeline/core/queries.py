@@ -4,7 +4,8 @@
     GET /state?prefix=..&limit=..&key=..     committed keys starting with prefix, in key order, on one partition: the
                                              partition of `key` (a windowed App's `<account>@<start>` keys live in the
                                              partition of `<account>`), or `partition=` (default: prefix's partition)
-    GET /tables/<name>/<key>                 a global table's value (every instance holds the whole table)
+    GET /tables/<name>/<key>                 a table's value: a global one's here (every instance holds all of it), a
+                                             co-partitioned one's committed value from the key's partition
     ?min_offset=N                            answer once the partition committed past input offset N (waits up to
                                              QUERY_WAIT_MS, else 503 naming what it waited for): read your own writes
 
@@ -154,7 +155,8 @@ class Queries:
         try:
             params = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if url.path.startswith("/tables/"):
-                return self._table(*url.path[len("/tables/") :].split("/", 1))
+                name, _, key = url.path[len("/tables/") :].partition("/")
+                return self._table(name, unquote(key), params, path)
             if url.path == "/state":
                 return self._range(params, path)
             return self._get(unquote(url.path[len("/state/") :]), params, path)
@@ -205,7 +207,8 @@ class Queries:
                 return visible[:limit]
             asked *= 4
 
-    def partition_of(self, key: str, params: Mapping[str, str]) -> int:
+    def partition_of(self, key: str, params: Mapping[str, str], serde: Any = None) -> int:
+        """`partition=`, else the partition the input's producers placed `key` in (encoded by its key serde)."""
         count = self._partitions()
         if "partition" in params:
             p = int(params["partition"])
@@ -213,7 +216,7 @@ class Queries:
                 raise ValueError(f"partition must be from 0 to {count - 1}, not {p}")
             return p
         try:
-            encoded = self._key_serde.serialize(key)
+            encoded = (serde or self._key_serde).serialize(key)
         except Exception:
             encoded = key.encode()
         return self._partitioner(encoded if isinstance(encoded, bytes) else key.encode(), count)
@@ -260,12 +263,27 @@ class Queries:
                 found = None  # expired: reads as absent, as in process
         return offset, found
 
-    # -- global tables ---------------------------------------------------------------------------------------------
-    def _table(self, name: str, key: str = "") -> Reply:
+    # -- tables ----------------------------------------------------------------------------------------------------
+    def _table(self, name: str, key: str, params: Mapping[str, str], path: str) -> Reply:
+        """A global table's value (read here: every instance holds all of it, only moving forward), or a
+        co-partitioned table's committed value from the task of the key's partition."""
         view = self._tables.get(name)
-        if view is None:
-            raise ValueError(f"no global table {name!r} (this App has {sorted(self._tables)})")
-        key = unquote(key)
-        value = view.get(key)  # a dict lookup: atomic; global tables only move forward (read_committed)
-        body = {"table": name, "key": key, "found": value is not None, "value": value}
-        return json_reply(200 if value is not None else 404, body)
+        if view is not None:
+            value = view.get(key)  # a dict lookup: atomic; read_committed, so committed
+            body = {"table": name, "key": key, "found": value is not None, "value": value}
+            return json_reply(200 if value is not None else 404, body)
+        spec = self.app.table_specs.get(name)
+        if spec is None:
+            raise ValueError(f"no table {name!r} (this App has {sorted({*self._tables, *self.app.table_specs})})")
+        p = self.partition_of(key, params, spec.key_serde)
+        task = self._serving(p, params, path)
+        if isinstance(task, Reply):
+            return task
+        store = getattr(task, "tables", {}).get(spec.topic)  # MultiInputTask's: topic -> TableStore
+        encoded_key = spec.key_serde.serialize(key)
+        offset, encoded = self._read(
+            task, lambda state: None if store is None else store.committed_get(encoded_key), None
+        )
+        value = None if encoded is None else spec.value_serde.deserialize(encoded)
+        body = {"table": name, "key": key, "partition": p, "offset": offset, "found": encoded is not None}
+        return json_reply(200 if encoded is not None else 404, {**body, "value": value})

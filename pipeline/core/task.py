@@ -114,8 +114,9 @@ class Task(Lifecycle):
         self.state = PartitionState(app.state_serde)
         self.committed_offset: int | None = None  # next input offset after the last commit (None: the beginning)
         # Held while the state and the committed offset move forward together (once per commit, never per record):
-        # a query reads both under it (pipeline/core/queries.py).
-        self.commit_lock = threading.Lock()
+        # a query reads both under it (pipeline/core/queries.py). Reentrant: a task with tables holds it around this
+        # one's batch_committed and its tables' commits.
+        self.commit_lock = threading.RLock()
         self.next_offset: int | None = None  # next input offset to process
         # Seeks back so far. Records of p polled before one are from the old position: the runner never hands them
         # over (with PRODUCERS=per_process, another partition's abort rewinds p between the poll and p's turn).

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.app import Table
 from pipeline.cli import main
 from pipeline.core.queries import Queries, murmur2
 from pipeline.examples.running_totals import app as running_totals
@@ -23,8 +24,10 @@ from pipeline.query_client import query
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.commit import abort_transaction
 from pipeline.state import PartitionState
+from pipeline.state.tables import TableStore
 from pipeline.testing.driver import AppDriver
 from tests.harness import Harness
+from tests.unit.test_several_inputs import TRADES, limits
 
 
 def committed(data: dict[str, int]) -> PartitionState:
@@ -314,3 +317,31 @@ def test_the_directory_names_the_freshest_owner_heard_within_the_bound() -> None
     assert Beat.decode(Beat("d", partitions=(3, 4), query_address="d:1").encode()) == Beat(
         "d", partitions=(3, 4), query_address="d:1"
     )
+
+
+def test_a_co_partitioned_tables_query_sees_its_committed_value() -> None:
+    store = TableStore(Table("t"))
+    store.apply(b"a", b"1")
+    store.commit()
+    store.apply(b"a", b"2")
+    store.apply(b"b", b"3")
+    assert (store.committed_get(b"a"), store.committed_get(b"b")) == (b"1", None)
+    store.undo_transaction()
+    assert store.committed_get(b"a") == b"1"
+    store.apply(b"a", None)
+    store.commit()
+    assert store.committed_get(b"a") is None
+
+    driver = AppDriver(limits, partitions=1, auto_commit=False)
+    queries = queries_of(driver)
+    driver.update_table("limits", "a", 10, timestamp_ms=1)
+    driver.send("a", {"qty": 1}, topic=TRADES, timestamp_ms=2)
+    driver.commit()
+    status, body = answer(queries, "/tables/limits/a")
+    assert (status, body["value"], body["partition"]) == (200, 10, 0)
+    driver.update_table("limits", "a", 20, timestamp_ms=3)
+    driver.send("a", {"qty": 1}, topic=TRADES, timestamp_ms=4)  # open: the table's 20 is not committed
+    table = driver.tasks[0].tables[limits.table_specs["limits"].topic]  # type: ignore[attr-defined]
+    assert table.data[b"a"] == b"20"
+    assert answer(queries, "/tables/limits/a")[1]["value"] == 10
+    assert answer(queries, "/tables/nope/a")[0] == 400
