@@ -6,6 +6,7 @@ transaction, never one of a position the answer does not claim."""
 
 from __future__ import annotations
 
+import http.client
 import random
 import socket
 import threading
@@ -19,6 +20,7 @@ import orjson
 from pipeline.core.provenance import decode_source
 from pipeline.query_client import QueryError, query
 from pipeline.testing import inputs
+from pipeline.testing.harness import committed_offsets
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.support import eventually
 
@@ -145,3 +147,53 @@ def test_queries_under_sigkills_show_only_committed_state_at_the_offset_they_nam
 
 def _env(port: int) -> dict[str, str]:
     return {"PIPELINE_METRICS_PORT": str(port), "PIPELINE_QUERY_ADDRESS": f"127.0.0.1:{port}"}
+
+
+def test_a_partition_being_restored_answers_503_then_its_state(fault_run):
+    """One instance builds ~60 k keys; a second one joins and restores the partitions the rebalance gives it, while
+    it is asked every few ms: it answers 503 with Retry-After while restoring, then the committed state."""
+    first, second = free_port(), free_port()
+    run = fault_run(query_enabled="true", query_partitioner="crc32", restore_step_ms="20")
+    records = list(inputs.running_totals_records(100_000, partitions=PARTITIONS, accounts=100_000, seed=12))
+    run.feed(records, seconds=4)
+    run.start(0)
+    assert run.fleet is not None
+    run.fleet.start(1, **_env(first))
+    eventually(lambda: _answers(first, "account-1") == 200 and _caught_up(run), timeout_s=120, interval_s=0.5)
+    run.fleet.start(1, **_env(second))
+    restoring: set[int] = set()  # the partitions seen answering 503 "being restored"
+    answered_after: set[int] = set()  # ... and then 200
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not answered_after:
+        for p in range(PARTITIONS):
+            status, body, retry_after = _ask(second, p)
+            if status == 503 and "being restored" in body:
+                assert retry_after == "1", body
+                restoring.add(p)
+            elif status == 200 and p in restoring:
+                answered_after.add(p)
+        time.sleep(0.005)
+    assert restoring, f"no 503 while restoring seen\n{run.fleet.logs()}"
+    assert answered_after, f"p{sorted(restoring)} restoring, never answered after\n{run.fleet.logs()}"
+    assert_exactly_once(run.finish())
+
+
+def _ask(port: int, p: int) -> tuple[int, str, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", f"/state?prefix=account-1&limit=5&partition={p}")
+        response = connection.getresponse()
+        return response.status, response.read().decode(), response.getheader("Retry-After") or ""
+    except (OSError, http.client.HTTPException):
+        return 0, "", ""
+    finally:
+        connection.close()
+
+
+def _answers(port: int, key: str) -> int:
+    return _ask(port, inputs.account_partition(key.encode(), PARTITIONS))[0]
+
+
+def _caught_up(run) -> bool:
+    ends = committed_offsets(run.bootstrap, run.app_id, run.input_topic, list(range(PARTITIONS)), 10)
+    return sum(ends.values()) >= 100_000
