@@ -18,6 +18,7 @@ from pipeline.app import Table
 from pipeline.cli import main
 from pipeline.core.queries import Queries, murmur2
 from pipeline.examples.running_totals import app as running_totals
+from pipeline.examples.windowed_totals import app as windowed_totals
 from pipeline.kafka.liveness import Beat, Peers
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.query_client import query
@@ -345,3 +346,19 @@ def test_a_co_partitioned_tables_query_sees_its_committed_value() -> None:
     assert table.data[b"a"] == b"20"
     assert answer(queries, "/tables/limits/a")[1]["value"] == 10
     assert answer(queries, "/tables/nope/a")[0] == 400
+
+
+def test_a_windowed_apps_windows_are_a_range_without_the_timers() -> None:
+    driver = AppDriver(windowed_totals, partitions=1)
+    queries = queries_of(driver)
+    for i, ts in enumerate((1_000, 2_000, 11_000)):
+        driver.send("account-1", {"id": i, "amount": 5}, timestamp_ms=ts)
+    driver.send("account-2", {"id": 9, "amount": 1}, timestamp_ms=11_500)
+    status, body = answer(queries, "/state?prefix=account-1@&key=account-1")
+    assert (status, body["entries"]) == (
+        200,
+        [{"key": "account-1@0", "value": [2, 10]}, {"key": "account-1@10000", "value": [1, 5]}],
+    )
+    everything = answer(queries, "/state?prefix=&limit=2&partition=0")[1]["entries"]
+    assert [e["key"] for e in everything] == ["account-1@0", "account-1@10000"]  # the timers' entries are not shown
+    assert answer(queries, "/state?prefix=__eos.&partition=0")[0] == 400
