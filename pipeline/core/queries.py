@@ -111,6 +111,15 @@ def own_address(settings: Settings) -> str:
     return settings.query_address or f"{socket.gethostname()}:{settings.metrics_port}"
 
 
+def _expired(state: Any, key: str) -> bool:
+    """Wall-clock TTL: a key past its committed deadline reads as absent, as in `process`, before the poll loop's
+    expiry has deleted it."""
+    if not isinstance(state, WallTtlState):
+        return False
+    deadline = state.committed_get(TTL_PREFIX + key)
+    return deadline is not None and int(deadline) <= state.wall_clock()
+
+
 class Queries:
     """What the HTTP thread asks of one runner. `tasks`: the runner's dict p -> task (read, never changed here: each
     get is atomic); `partitions()`: the input topic's partition count; `owner(p)`: the address of p's owner per the
@@ -202,7 +211,7 @@ class Queries:
         asked = limit
         while True:
             entries = state.committed_range(prefix, asked)
-            visible = [(k, v) for k, v in entries if not k.startswith(RESERVED)]
+            visible = [(k, v) for k, v in entries if not k.startswith(RESERVED) and not _expired(state, k)]
             if len(visible) >= limit or len(entries) < asked:
                 return visible[:limit]
             asked *= 4
@@ -257,10 +266,8 @@ class Queries:
         with task.commit_lock:
             state, offset = task.state, task.committed_offset
             found = read(state)
-        if key is not None and found is not None and isinstance(state, WallTtlState):
-            deadline = state.committed_get(TTL_PREFIX + key)
-            if deadline is not None and int(deadline) <= state.wall_clock():
-                found = None  # expired: reads as absent, as in process
+        if key is not None and found is not None and _expired(state, key):
+            found = None
         return offset, found
 
     # -- tables ----------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.app import Table
+from pipeline.app import App, Table
 from pipeline.cli import main
 from pipeline.core.queries import Queries, murmur2
 from pipeline.examples.running_totals import app as running_totals
@@ -362,3 +362,22 @@ def test_a_windowed_apps_windows_are_a_range_without_the_timers() -> None:
     everything = answer(queries, "/state?prefix=&limit=2&partition=0")[1]["entries"]
     assert [e["key"] for e in everything] == ["account-1@0", "account-1@10000"]  # the timers' entries are not shown
     assert answer(queries, "/state?prefix=__eos.&partition=0")[0] == 400
+
+
+def test_a_key_past_its_wall_clock_ttl_reads_as_absent_before_its_expiry_fires() -> None:
+    def remember(state: Any, record: Any) -> list[Any]:
+        state[record.key] = record.value
+        return []
+
+    expiring = App(
+        "ttl", "ttl-in", "ttl-out", remember, state_ttl_ms=1_000, state_ttl_clock="wall", on_timer=lambda s, t: []
+    )
+    driver = AppDriver(expiring, partitions=1)
+    queries = queries_of(driver)
+    driver.send("a", 1)
+    driver.send("b", 2)
+    assert [e["key"] for e in answer(queries, "/state?prefix=&partition=0")[1]["entries"]] == ["a", "b"]
+    driver.now_ms = 5_000  # past the deadline; the expiry has not run (no loop turn)
+    assert "a" in driver.tasks[0].state._data
+    assert answer(queries, "/state/a")[0] == 404
+    assert answer(queries, "/state?prefix=&partition=0")[1]["entries"] == []
