@@ -145,6 +145,7 @@ class Settings:
     producers: str = PER_PROCESS
     group_protocol: str = CLASSIC  # or "consumer" (KIP-848): SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply
     metrics_port: int = 0  # 0: no HTTP endpoint
+    metrics_host: str = "0.0.0.0"  # the address it binds (e.g. 127.0.0.1, or a private network's, for queries)
     # Queries of committed state on METRICS_PORT (pipeline/core/queries.py: token, address, partitioner, wait).
     query_enabled: bool = False
     query_token: str = ""

@@ -119,7 +119,8 @@ class PollLoop:
         port = self.settings.metrics_port
         queries = self._queries() if self.settings.query_enabled else None
         routes = queries.route if queries is not None else None
-        health = HealthServer(self.metrics, self.is_ready, port, is_live=self.is_live, routes=routes) if port else None
+        host, live = self.settings.metrics_host, self.is_live
+        health = HealthServer(self.metrics, self.is_ready, port, host, is_live=live, routes=routes) if port else None
         if health is not None:
             health.start()
         self.input.subscribe(

@@ -22,7 +22,7 @@ from pipeline.examples.windowed_totals import app as windowed_totals
 from pipeline.kafka.liveness import Beat, Peers
 from pipeline.metrics import HealthServer, Metrics
 from pipeline.query_client import query
-from pipeline.settings import Settings
+from pipeline.settings import ConfigError, Settings
 from pipeline.sinks.kafka.commit import abort_transaction
 from pipeline.state import PartitionState
 from pipeline.state.tables import TableStore
@@ -381,3 +381,12 @@ def test_a_key_past_its_wall_clock_ttl_reads_as_absent_before_its_expiry_fires()
     assert "a" in driver.tasks[0].state._data
     assert answer(queries, "/state/a")[0] == 404
     assert answer(queries, "/state?prefix=&partition=0")[1]["entries"] == []
+
+
+def test_the_endpoint_binds_where_configured() -> None:
+    assert Settings.load(env={"PIPELINE_METRICS_HOST": "127.0.0.1"}).metrics_host == "127.0.0.1"
+    assert Settings.load(env={}).metrics_host == "0.0.0.0"
+    with pytest.raises(ConfigError, match="QUERY_ENABLED needs METRICS_PORT"):
+        Settings.load(env={"PIPELINE_QUERY_ENABLED": "true"})
+    with pytest.raises(ConfigError, match="QUERY_PARTITIONER"):
+        Settings.load(env={"PIPELINE_QUERY_PARTITIONER": "random"})
