@@ -1,4 +1,4 @@
-"""`pipeline run | verify | chaos | topics | acls | snapshots` — the command line (also `python -m pipeline ...`).
+"""`pipeline run | verify | chaos | topics | acls | snapshots | query`: the command line (`python -m pipeline ...`).
 
 Every command reads the same settings (defaults < --config < PIPELINE_* environment < options) and derives the same
 names as `pipeline run`; options go before or after the command's name (pipeline/commands.py)."""
@@ -85,10 +85,11 @@ def _parser(chosen: str = "") -> argparse.ArgumentParser:
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.set_defaults(command=_topics)
     _add_acls_parser(commands, common)
+    _add_query_parser(commands, common)
     return parser
 
 
-COMMANDS = ("run", "verify", "chaos", "topics", "acls", "snapshots")
+COMMANDS = ("run", "verify", "chaos", "topics", "acls", "snapshots", "query")
 DELEGATED = {
     "verify": ("pipeline.testing.checker", "check a run for exactly-once: pipeline verify MODULE:ATTR"),
     "chaos": ("pipeline.testing.chaos", "fault runs against your service: pipeline chaos MODULE:ATTR"),
@@ -144,6 +145,53 @@ def _add_acls_parser(
         help="the admin's client settings for --apply, as for kafka-acls.sh (default: PIPELINE_KAFKA_*)",
     )
     acls.set_defaults(command=_acls)
+
+
+def _add_query_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    query = commands.add_parser(
+        "query", parents=[common], help="a key's committed state from a running service: pipeline query MODULE:ATTR KEY"
+    )
+    query.add_argument("app", help="import path of the App, e.g. pipeline.examples.running_totals:app")
+    query.add_argument("key", nargs="?", help="the state key (omit it with --prefix for a range)")
+    query.add_argument(
+        "--url", help="an instance, http://host:port (default: QUERY_ADDRESS, else 127.0.0.1:METRICS_PORT)"
+    )
+    query.add_argument("--prefix", help="a range: the committed keys starting with this, on one partition")
+    query.add_argument("--limit", type=_positive, help="a range's most keys (default 100)")
+    query.add_argument("--partition", type=int, help="the partition (default: the key's, by QUERY_PARTITIONER)")
+    query.add_argument("--min-offset", type=int, help="answer once the partition committed past this input offset")
+    query.add_argument("--timeout", type=float, default=10.0, help="seconds, redirects and restores included")
+    query.set_defaults(command=_query)
+
+
+def _query(args: argparse.Namespace) -> int:
+    """Prints the answer as JSON; exit 0 when found, 1 when the key is not in the committed state."""
+    import json
+
+    from pipeline.query_client import QueryError, query
+
+    load_app(args.app)  # a wrong MODULE:ATTR is reported as for every command
+    settings = settings_of(args)
+    if not (args.key or args.prefix is not None):
+        raise CommandFailed("pipeline query: a KEY, or --prefix for a range")
+    url = args.url or f"http://{settings.query_address or f'127.0.0.1:{settings.metrics_port}'}"
+    params = {"partition": args.partition, "min_offset": args.min_offset, "prefix": args.prefix, "limit": args.limit}
+    ranged = args.prefix is not None  # KEY then names the range's partition
+    try:
+        answer = query(
+            url,
+            None if ranged else args.key,
+            token=settings.query_token,
+            timeout_s=args.timeout,
+            partition_key=args.key if ranged else None,
+            **params,
+        )
+    except QueryError as e:
+        raise CommandFailed(f"pipeline query {url}: {e}") from None
+    print(json.dumps({**answer.body, "asked": answer.hops}, indent=2))
+    return 0 if answer.status == 200 else 1
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -145,6 +145,13 @@ class Settings:
     producers: str = PER_PROCESS
     group_protocol: str = CLASSIC  # or "consumer" (KIP-848): SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply
     metrics_port: int = 0  # 0: no HTTP endpoint
+    metrics_host: str = "0.0.0.0"  # the address it binds (e.g. 127.0.0.1, or a private network's, for queries)
+    # Queries of committed state on METRICS_PORT (pipeline/core/queries.py: token, address, partitioner, wait).
+    query_enabled: bool = False
+    query_token: str = ""
+    query_address: str = ""
+    query_partitioner: str = "murmur2"
+    query_wait_ms: int = 5_000
     topic_replication_factor: int = -1  # for internal topics; -1: the broker default
     test_abort_every: int = 0  # testing only: abort every k-th transaction of each partition (0: never)
     sink: str = "kafka"  # or "postgres": results and offsets in one database transaction (pipeline/postgres)
@@ -166,8 +173,10 @@ class Settings:
         object.__setattr__(self, "kafka", kafka)
         object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
         object.__setattr__(self, "schema_registry_user_info", _secret(self.schema_registry_user_info))
+        object.__setattr__(self, "query_token", _secret(self.query_token))
         validate(self)
         validate_registry(self)
+        _validate_queries(self)
 
     @classmethod
     def load(
@@ -205,6 +214,7 @@ class Settings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         user_info = REDACTED if self.schema_registry_user_info else ""
         return values | {
+            "query_token": REDACTED if self.query_token else "",
             "kafka": self.redacted_kafka(),
             "postgres_dsn": redact_dsn(self.postgres_dsn),
             "schema_registry_user_info": user_info,
@@ -302,6 +312,14 @@ def _validate_failover(s: Settings) -> None:
         f"({longest_turn_ms(s)}), the longest a healthy turn of the poll loop blocks: /live would fail a healthy "
         "process",
     )
+
+
+def _validate_queries(s: Settings) -> None:
+    require(not s.query_enabled or s.metrics_port > 0, "QUERY_ENABLED needs METRICS_PORT (not --workers N, yet)")
+    require(
+        s.query_partitioner in ("murmur2", "crc32"), f"QUERY_PARTITIONER: murmur2 or crc32, not {s.query_partitioner!r}"
+    )
+    require(s.query_wait_ms >= 0, f"QUERY_WAIT_MS must not be negative, not {s.query_wait_ms}")
 
 
 def validate_registry(s: Settings) -> None:

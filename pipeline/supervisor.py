@@ -390,7 +390,7 @@ def _supervise(
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
         port = settings.metrics_port
-        health = HealthServer(metrics, is_ready, port, is_live=is_live).start() if port else None
+        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live=is_live).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:

@@ -7,4 +7,5 @@ timers.py       due timers fired into the open batch, like records
 deadletter.py   the dead-letter record and topic name
 provenance.py   the headers that tie every output to the input record (or timer) it came from
 loop.py         PollLoop: subscribe, poll, rebalance callbacks, health; the shell of both runners
+queries.py      answers to queries of committed state (QUERY_ENABLED) on the health port
 """

@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
+from pipeline.core.queries import Queries
 from pipeline.core.schedule import Schedule
 from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.kafka.records import Consumed
@@ -116,7 +117,12 @@ class PollLoop:
                 "interval are the group's (SESSION_TIMEOUT_MS and HEARTBEAT_INTERVAL_MS do not apply)"
             )
         port = self.settings.metrics_port
-        health = HealthServer(self.metrics, self.is_ready, port, is_live=self.is_live).start() if port else None
+        queries = self._queries() if self.settings.query_enabled else None
+        routes = queries.route if queries is not None else None
+        host, live = self.settings.metrics_host, self.is_live
+        health = HealthServer(self.metrics, self.is_ready, port, host, is_live=live, routes=routes) if port else None
+        if health is not None:
+            health.start()
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -375,6 +381,11 @@ class PollLoop:
             self.stop()
 
     # -- supplied by each runner -------------------------------------------------------------------------------------
+    def _queries(self) -> Queries | None:
+        """QUERY_ENABLED: what answers queries of this runner's committed state (None: the sink cannot)."""
+        log.warning("QUERY_ENABLED: the %s sink does not answer queries yet", self.settings.sink)
+        return None
+
     def open(self) -> None:
         raise NotImplementedError
 

@@ -17,6 +17,7 @@ what it writes; neither commits anything itself: its runner does.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,10 @@ class Task(Lifecycle):
         self.label = str(partition)
         self.state = PartitionState(app.state_serde)
         self.committed_offset: int | None = None  # next input offset after the last commit (None: the beginning)
+        # Held while the state and the committed offset move forward together (once per commit, never per record):
+        # a query reads both under it (pipeline/core/queries.py). Reentrant: a task with tables holds it around this
+        # one's batch_committed and its tables' commits.
+        self.commit_lock = threading.RLock()
         self.next_offset: int | None = None  # next input offset to process
         # Seeks back so far. Records of p polled before one are from the old position: the runner never hands them
         # over (with PRODUCERS=per_process, another partition's abort rewinds p between the poll and p's turn).
@@ -194,8 +199,9 @@ class Task(Lifecycle):
 
     def batch_committed(self) -> None:
         """The runner committed the batch: the state's changes and the position are the committed ones now."""
-        self.state.commit()
-        self.committed_offset = self.next_offset
+        with self.commit_lock:
+            self.state.commit()
+            self.committed_offset = self.next_offset
         self.batch_open = False
         self._records_before += self.batch_records
         self.batch_records = 0

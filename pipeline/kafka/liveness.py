@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -66,6 +66,10 @@ class Beat:
     # > 0: not a process's beat but its supervisor's word that it restarts this instance id now (Announcer): the old
     # incarnation's place is kept for the new one this long, unless the new one's own beats stop sooner
     starting_ms: int = 0
+    # Interactive queries (pipeline/core/queries.py): where this process answers them, and the input partitions it
+    # owns: every process's directory of who answers for which partition
+    query_address: str = ""
+    partitions: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -75,7 +79,8 @@ class Beat:
         """None for what is not a beat; fields a later version adds are ignored (peers of two versions, mid-upgrade)."""
         try:
             fields = orjson.loads(raw)
-            return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+            known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+            return cls(**{**known, "partitions": tuple(known.get("partitions", ()))})
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             return None
 
@@ -124,6 +129,17 @@ class Peers:
                 self.judged.add((incarnation, beat.member_id))
                 dead.append(beat)
         return dead
+
+    def owner(self, partition: int, now: float) -> str | None:
+        """The query address of the process that owns `partition` per the latest beats heard within the bound (the
+        newest such beat if two claim it, mid-rebalance); None if none does. Called from other threads: copies."""
+        claims = [
+            (self.last_heard.get(b.incarnation, float("-inf")), b.query_address)
+            for b in list(self.beats.values())
+            if b.query_address and partition in b.partitions and not b.stopping
+        ]
+        fresh = [claim for claim in claims if now - claim[0] <= self.bound_s]
+        return max(fresh)[1] if fresh else None
 
     def _replaced_by(self, successor: str, incarnation: str, now: float) -> bool:
         """Whether a static member's new incarnation (a restart under the same GROUP_INSTANCE_ID) takes the old one's
@@ -228,7 +244,15 @@ class Liveness:
         calls, so memberid() waited for the poll loop's poll (measured 1.7 s behind a 2 s poll; seconds behind a
         take-over in a callback), stopping the beats and, worse, making this process think it was paused."""
         if member_id and member_id != self.beat.member_id:
-            self.beat = Beat(self.beat.incarnation, member_id, self.beat.instance_id, self.beat.transactional_id)
+            self.beat = replace(self.beat, member_id=member_id)
+
+    def serving(self, address: str, partitions: tuple[int, ...]) -> None:
+        """QUERY_ENABLED: the next beats say where this process answers queries, for which input partitions."""
+        if (address, partitions) != (self.beat.query_address, self.beat.partitions):
+            self.beat = replace(self.beat, query_address=address, partitions=partitions)
+
+    def owner(self, partition: int) -> str | None:
+        return self.peers.owner(partition, time.monotonic())
 
     def stop(self) -> None:
         self._stop.set()

@@ -7,6 +7,9 @@ and restore copies bytes without decoding them.
 Two undo logs hold the value each touched key had before:
 - per record: a failing `process` call is undone without trace (retry and dead letter see the state as it was);
 - per transaction: an aborted transaction is undone, and its touched keys are the changes to write to the changelog.
+
+The second one also answers reads from other threads (interactive queries): a key's committed value is its entry in
+the transaction's undo log if the transaction touched it, else its value now (`committed_get`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ class _Missing(enum.Enum):  # an enum member rather than object(): `is _MISSING`
     MISSING = enum.auto()
 
 
+class _Untouched(enum.Enum):  # not in the transaction's undo log (committed reads)
+    UNTOUCHED = enum.auto()
+
+
 _MISSING: Final = _Missing.MISSING
+_UNTOUCHED: Final = _Untouched.UNTOUCHED
 
 
 class PartitionState(State):
@@ -37,6 +45,9 @@ class PartitionState(State):
         self._before_txn: dict[str, Any] = {}
         self._before_record: dict[str, Any] = {}
         self._first_touched_in_record: list[str] = []
+        # Bumped by every commit and undo, never per record: a reader on another thread that saw no change of it
+        # read every key within one transaction, where the undo log only grows (committed_get).
+        self._boundaries = 0
 
     @property
     def timers(self) -> StateTimers:
@@ -84,6 +95,7 @@ class PartitionState(State):
 
     def undo_record(self) -> None:
         """Puts back every key the current record touched, as if `process` had never been called."""
+        self._boundaries += 1
         self._restore(self._before_record)
         for key in self._first_touched_in_record:
             del self._before_txn[key]
@@ -98,11 +110,13 @@ class PartitionState(State):
             yield key, (None if now is _MISSING else now)
 
     def commit(self) -> None:
+        self._boundaries += 1
         self._before_txn.clear()
         self.begin_record()
 
     def undo_transaction(self) -> None:
         """Back to the state as of the last committed transaction."""
+        self._boundaries += 1
         self._restore(self._before_txn)
         self._before_txn.clear()
         self.begin_record()
@@ -110,6 +124,49 @@ class PartitionState(State):
     @property
     def in_transaction(self) -> bool:
         return bool(self._before_txn)
+
+    # -- committed reads, from any thread (interactive queries) -------------------------------------------------
+    def committed_get(self, key: str) -> bytes | None:
+        """The encoded value of `key` as of the last committed transaction (None: absent), safe to call from another
+        thread while the poll loop processes. No lock: every write notes the key's value in the undo log before it
+        changes the data, so the undo log is read before and after the data; a commit or an undo between the reads
+        (`_boundaries` moved) makes the reader read again."""
+        while True:
+            seen = self._boundaries
+            value = self._committed_value(key)
+            if self._boundaries == seen:
+                return value
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        """Up to `limit` (key, encoded value) of the committed keys starting with `prefix`, in key order, all as of
+        the same committed transaction, from any thread. A scan of every key (the in-memory store keeps no order)."""
+        while True:
+            seen = self._boundaries
+            # Each update is one C-level copy (atomic under the GIL), the data's first: a committed key that a record
+            # deletes after it was copied is in the undo log by the time that is copied (noted before the delete).
+            keys: set[str] = set()
+            keys.update(self._data)
+            keys.update(self._before_txn)
+            found: list[tuple[str, bytes]] = []
+            for key in sorted(k for k in keys if k.startswith(prefix)):
+                value = self._committed_value(key)
+                if value is not None:
+                    found.append((key, value))
+                    if len(found) >= limit:
+                        break
+            if self._boundaries == seen:
+                return found
+
+    def _committed_value(self, key: str) -> bytes | None:
+        """Right if no commit or undo ran meanwhile (the callers check). Touched in this transaction: the undo log
+        has its committed value. Not touched before the data is read and not after: the data's value is committed."""
+        before = self._before_txn.get(key, _UNTOUCHED)
+        if before is _UNTOUCHED:
+            now = self._data.get(key)
+            before = self._before_txn.get(key, _UNTOUCHED)  # touched meanwhile: `now` may be its new value
+            if before is _UNTOUCHED:
+                return now
+        return None if before is _MISSING else cast(bytes, before)
 
     # -- restore (no undo logs involved) -----------------------------------------------------------------------
     def load(self, entries: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]) -> None:

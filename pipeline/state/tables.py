@@ -12,12 +12,13 @@ reads decode with the table's serdes. Two kinds (docs/inputs.md):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 from pipeline.app import Table
 from pipeline.serde import skip_bytes_deserialize, skip_bytes_serialize
 
 _MISSING = object()
+_UNTOUCHED = object()
 
 
 class TableView(Mapping[Any, Any]):
@@ -61,6 +62,7 @@ class TableStore:
         self.data: dict[bytes | None, bytes] = {}
         self._before_txn: dict[bytes | None, Any] = {}
         self.view = TableView(spec, self.data)
+        self._boundaries = 0  # commits and undos: a committed read that saw one between its looks reads again
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the table topic: the key's new value, or a delete (a tombstone)."""
@@ -79,9 +81,11 @@ class TableStore:
             self.data[key] = value
 
     def commit(self) -> None:
+        self._boundaries += 1
         self._before_txn.clear()
 
     def undo_transaction(self) -> None:
+        self._boundaries += 1
         for key, before in self._before_txn.items():
             if before is _MISSING:
                 self.data.pop(key, None)
@@ -91,3 +95,17 @@ class TableStore:
 
     def __len__(self) -> int:
         return len(self.data)
+
+    def committed_get(self, key: bytes | None) -> bytes | None:
+        """The key's encoded value as of the last commit, from another thread (interactive queries): as
+        PartitionState.committed_get, an update notes the key's value before it changes the data."""
+        while True:
+            seen = self._boundaries
+            before = self._before_txn.get(key, _UNTOUCHED)
+            if before is _UNTOUCHED:
+                now = self.data.get(key)
+                before = self._before_txn.get(key, _UNTOUCHED)
+                if before is _UNTOUCHED:
+                    before = now
+            if self._boundaries == seen:
+                return None if before is _MISSING else cast(bytes | None, before)

@@ -248,10 +248,11 @@ class MultiInputTask(KafkaTask):
         return [TopicPartition(t, self.partition, n) for t, n in self.next_offsets.items() if n is not None]
 
     def committed(self) -> None:
-        super().committed()
-        for table in self.tables.values():
-            table.commit()
-        self.committed_offsets = dict(self.next_offsets)
+        with self.commit_lock:  # a query sees the tables and the offsets move with the state (core/queries.py)
+            super().committed()
+            for table in self.tables.values():
+                table.commit()
+            self.committed_offsets = dict(self.next_offsets)
         self._runs.clear()
 
     def rewind(self) -> None:

@@ -35,6 +35,7 @@ from pipeline.core.deadletter import dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
+from pipeline.core.queries import Queries, own_address
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.kafka.kafka_python import quick_fence
@@ -102,6 +103,8 @@ class KafkaRunner(TakeOver, PollLoop):
         # (per_process) commits on the loop's own thread.
         self._commit_pool = ThreadPoolExecutor(COMMIT_THREADS, thread_name_prefix="commit")
         self.liveness: Liveness | None = None  # FAILURE_DETECTION_MS: the heartbeat thread
+        self._input_partition_count: int | None = None  # QUERY_ENABLED: asked once, by the first query
+        self._serving_told_at = 0.0
 
     @property
     def ctx(self) -> KafkaTaskContext:
@@ -230,6 +233,7 @@ class KafkaRunner(TakeOver, PollLoop):
         self._retry_rewinds_and_drops()
         self._end_registry_waits()
         self._update_gauges()
+        self._tell_directory()
 
     def _dispatch(self, messages: list[Message]) -> None:
         batches = self._by_partition(messages)
@@ -360,6 +364,30 @@ class KafkaRunner(TakeOver, PollLoop):
                 del waits[p]
             else:
                 task.end_registry_wait()
+
+    # -- interactive queries (pipeline/core/queries.py) ---------------------------------------------------------------
+    def _queries(self) -> Queries:
+        tables = self.global_tables.views if self.global_tables is not None else {}
+        owner = self.liveness.owner if self.liveness is not None else (lambda p: None)
+        return Queries(
+            self.app, self.settings, self.tasks, self._input_partitions, owner, tables, own_address(self.settings)
+        )
+
+    def _input_partitions(self) -> int:
+        """The input topic's partition count, asked once (a co-partitioned App's never changes under it)."""
+        if self._input_partition_count is None:
+            metadata = self.admin.list_topics(self.input_topic, timeout=self.settings.request_timeout_ms / 1000)
+            self._input_partition_count = len(metadata.topics[self.input_topic].partitions)
+        return self._input_partition_count
+
+    def _tell_directory(self) -> None:
+        """QUERY_ENABLED with heartbeats: at most every 100 ms, the partitions owned here go into the next beats."""
+        now = time.monotonic()
+        if self.liveness is None or not self.settings.query_enabled or now - self._serving_told_at < 0.1:
+            return
+        self._serving_told_at = now
+        owned = tuple(sorted(p for p, t in self.tasks.items() if t.phase not in (Phase.DROPPED, Phase.CLOSED)))
+        self.liveness.serving(own_address(self.settings), owned)
 
     def _close_partition(self, p: int, commit: bool) -> None:
         self.restores.forget(p)
