@@ -40,16 +40,20 @@ def commit_transaction(txn: Transaction, consumer: Consumer) -> None:
         if offsets:
             group = consumer.consumer_group_metadata()
             txn.call(txn.producer.send_offsets_to_transaction, offsets, group, txn.timeout_s)
-        # 3. Commit: outputs, changelog and offsets become visible together, or not at all. An unknown outcome is
+        # 3. Every message acknowledged with its offset (a message librdkafka assumed written after a leader died may
+        #    be missing: the transaction aborts instead of committing without it). The deliveries mostly completed
+        #    during step 2, which waits on the coordinator meanwhile.
+        txn.confirm_deliveries()
+        # 4. Commit: outputs, changelog and offsets become visible together, or not at all. An unknown outcome is
         #    asked again (docs/guarantees.md: unknown-commit-retried).
         txn.call(txn.producer.commit_transaction, txn.timeout_s)
-    else:  # at_least_once: outputs first, offsets after
-        txn.call(txn.producer.flush, txn.timeout_s)
+    else:  # at_least_once: outputs first (all of them acknowledged, or p rewinds), offsets after
+        txn.confirm_deliveries()
         if offsets:
             consumer.commit(offsets=offsets, asynchronous=False)
     if txn.observe_commit is not None:
         txn.observe_commit(time.monotonic() - started)
-    # 4. Each task moves its committed offset and state forward.
+    # 5. Each task moves its committed offset and state forward.
     for task in txn.end():
         task.committed()
 

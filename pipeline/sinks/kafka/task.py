@@ -401,6 +401,7 @@ class KafkaTask(Task):
 
     def _checkpoint_delivered(self, txn: int) -> Callable[[Any, Any], None]:
         def delivered(error: Any, message: Any) -> None:
+            self.txn.deliveries.report(error, message)  # its own callback replaces the producer's
             if error is None:
                 self._checkpoint_at = (txn, message.offset())
 
