@@ -7,14 +7,18 @@ partition beginning at sequence 2 of the producer's epoch. Against the recording
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from confluent_kafka import TopicPartition
 
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
 from pipeline.kafka.clients import producer_config
 from pipeline.settings import Settings
+from pipeline.sinks.kafka.commit import SlowCommit
 from pipeline.sinks.kafka.runner import KafkaRunner
-from pipeline.sinks.kafka.transaction import Deliveries
+from pipeline.sinks.kafka.transaction import Deliveries, TransactionAborted
 from tests.fakes import Calls, FakeConsumer, FakeProducer, kafka_message
 from tests.harness import kafka_runner
 
@@ -68,3 +72,17 @@ def test_reports_of_an_aborted_transaction_do_not_count_for_the_next() -> None:
 def test_the_runners_producers_report_every_delivery() -> None:
     report = Deliveries().report
     assert producer_config(Settings(), "unit.in.0", report)["on_delivery"] is report
+
+
+def test_a_slow_commit_is_logged_with_the_time_of_each_step(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "pipeline.sinks.kafka.commit"):
+        with SlowCommit("p0", limit_s=10) as fast:
+            fast.done("commit_transaction")
+        assert not caplog.records
+        with pytest.raises(TransactionAborted), SlowCommit("p0", limit_s=0) as slow:
+            slow.done("send_offsets_to_transaction")
+            raise TransactionAborted("unit")
+    (record,) = caplog.records
+    assert "p0: commit took" in record.message and "(send_offsets_to_transaction 0.0 s; then TransactionAborted)" in (
+        record.message
+    )
