@@ -18,9 +18,9 @@ from pipeline.kafka.clients import producer_config
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.commit import SlowCommit
 from pipeline.sinks.kafka.runner import KafkaRunner
-from pipeline.sinks.kafka.transaction import Deliveries, TransactionAborted
-from tests.fakes import Calls, FakeConsumer, FakeProducer, kafka_message
-from tests.harness import kafka_runner
+from pipeline.sinks.kafka.transaction import Deliveries, PartitionDropped, TransactionAborted
+from tests.fakes import FENCED, Calls, FakeConsumer, FakeProducer, kafka_exception, kafka_message
+from tests.harness import Harness, kafka_runner, msg
 
 
 def runner_on(calls: Calls, consumer: FakeConsumer, no_offset_for: tuple[str, ...]) -> KafkaRunner:
@@ -86,3 +86,18 @@ def test_a_slow_commit_is_logged_with_the_time_of_each_step(caplog: pytest.LogCa
     assert "p0: commit took" in record.message and "(send_offsets_to_transaction 0.0 s; then TransactionAborted)" in (
         record.message
     )
+
+
+def test_a_fenced_error_that_surfaced_inside_a_delivery_callback_drops_the_partition() -> None:
+    """confluent_kafka raises a SystemError around librdkafka's error when it surfaces while a Python delivery
+    callback runs (a cluster fault run: "Deliveries.report returned a result with an exception set", caused by the
+    fenced producer's error). Classified by its cause: a fenced producer drops p, it does not end the process."""
+    h = Harness()
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    wrapped = SystemError("<function Deliveries.report> returned a result with an exception set")
+    wrapped.__cause__ = kafka_exception(**FENCED)
+    h.producers[0].fail("flush", wrapped)
+    with pytest.raises(PartitionDropped, match="flush"):
+        h.commit(task)
+    assert task.txn.broken and "commit_transaction" not in h.calls.names()

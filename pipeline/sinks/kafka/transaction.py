@@ -159,7 +159,7 @@ class Transaction:
     def join(self, task: Participant) -> None:
         """`task` stages work in this transaction from now on; the first one begins it."""
         if not self.participants:
-            self.producer.poll(0)  # reports of an aborted transaction's messages are served before the count starts
+            self.poll()  # reports of an aborted transaction's messages are served before the count starts
             self.deliveries.clear()
             if self.transactional:
                 self.call(self.producer.begin_transaction)
@@ -174,8 +174,8 @@ class Transaction:
             remaining = self.producer.flush(self.timeout_s)
             while remaining and time.monotonic() < deadline:
                 remaining = self.producer.flush(min(self.timeout_s, max(0.0, deadline - time.monotonic())))
-        except KafkaException as e:  # a fenced or fatal producer fails its flush
-            self.raise_classified("flush", e)
+        except (KafkaException, SystemError) as e:  # a fenced or fatal producer fails its flush
+            self.raise_client_error("flush", e)
         if remaining:
             raise TransactionAborted(f"{remaining} message(s) not delivered within TRANSACTION_TIMEOUT_MS")
         if self.deliveries.unconfirmed:
@@ -216,6 +216,22 @@ class Transaction:
             )
         except KafkaException as e:
             self.raise_classified(method.__name__, e)
+
+    def poll(self) -> None:
+        """producer.poll(0): serves the delivery reports (Deliveries) of what was produced so far."""
+        try:
+            self.producer.poll(0)
+        except (KafkaException, SystemError) as e:
+            self.raise_client_error("poll", e)
+
+    def raise_client_error(self, operation: str, exc: Exception) -> NoReturn:
+        """A producer call's error, classified: librdkafka's own, or the SystemError confluent_kafka raises around it
+        when the error (a fenced or fatal producer, say) surfaced while a delivery callback ran (seen in a cluster
+        fault run: "Deliveries.report returned a result with an exception set", caused by the fenced error)."""
+        cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+        if isinstance(cause, KafkaException):
+            self.raise_classified(operation, cause)
+        raise exc
 
     def raise_classified(self, operation: str, exc: KafkaException) -> NoReturn:
         """A Kafka error inside a transaction becomes TransactionAborted or PartitionDropped (never RETRY here)."""
