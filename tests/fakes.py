@@ -14,7 +14,7 @@ claims exactly-once is proven against a real broker, in the tests marked `kafka`
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, Message, TopicPartition
@@ -104,22 +104,30 @@ class FakeProducer:
         *,
         first_offset: int = 100,
         fail_delivery: bool = False,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+        no_offset_for: Collection[str] = (),
     ) -> None:
+        """`on_delivery`: the producer's default delivery callback (librdkafka's dr_msg_cb), for messages produced
+        without one of their own. `no_offset_for`: topics whose messages are reported delivered without an offset,
+        as librdkafka reports a message it acknowledged implicitly (sinks/kafka/transaction.py: Deliveries)."""
         self.calls = Calls() if calls is None else calls
         self.transactional_id = transactional_id
-        self.failures: dict[str, list[BaseException]] = {}  # method -> exceptions to raise, one per call
+        self.failures: dict[str, list[BaseException | None]] = {}  # method -> exceptions to raise, one per call
         self.records: list[Message] = []
         self._undelivered: list[tuple[Message, Callable[[KafkaError | None, Message], None]]] = []
         self._next_offset = first_offset
         self._fail_delivery = fail_delivery
+        self._on_delivery = on_delivery
+        self._no_offset_for = frozenset(no_offset_for)
 
-    def fail(self, method: str, *errors: BaseException) -> None:
+    def fail(self, method: str, *errors: BaseException | None) -> None:
+        """One per call of `method`, in order; None: that call goes through."""
         self.failures.setdefault(method, []).extend(errors)
 
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
-        if self.failures.get(name):
-            raise self.failures[name].pop(0)
+        if self.failures.get(name) and (error := self.failures[name].pop(0)) is not None:
+            raise error
 
     def init_transactions(self, *args: Any) -> None:
         self._record("init_transactions", *args)
@@ -139,7 +147,9 @@ class FakeProducer:
         )
         self._next_offset += 1
         self.records.append(message)
-        if (on_delivery := kwargs.get("on_delivery")) is not None:
+        if (on_delivery := kwargs.get("on_delivery", self._on_delivery)) is not None:
+            if topic in self._no_offset_for:
+                message = kafka_message(OFFSET_INVALID, key, value, topic=topic, partition=kwargs.get("partition", -1))
             self._undelivered.append((message, on_delivery))
 
     def send_offsets_to_transaction(self, *args: Any) -> None:

@@ -102,7 +102,7 @@ def kafka_runner(app: App, consumer: Any, make_producer: Callable[[str | None], 
     transactional_id)` makes its producers; changelog "cl", dead letters "dlq". `settings` as for settings.load."""
     runner = KafkaRunner(app, settings_module.load(env={}, bootstrap_servers="unused:9092", **settings))
     runner.consumer = consumer
-    runner._make_producer = make_producer  # type: ignore[method-assign,assignment]
+    runner._make_producer = lambda txn_id, on_delivery=None: make_producer(txn_id)  # type: ignore[method-assign,assignment,misc]
     new_transaction = runner._new_transaction
 
     def without_quick_fence(txn_id: str, name: str | None = None) -> Transaction:

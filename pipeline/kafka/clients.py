@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Producer
@@ -86,8 +87,11 @@ def heartbeat_interval_ms(s: Settings) -> int:
     return s.heartbeat_interval_ms
 
 
-def producer_config(settings: Settings, transactional_id: str | None) -> dict[str, Any]:
-    """Idempotent; transactional when given a transactional.id."""
+def producer_config(
+    settings: Settings, transactional_id: str | None, on_delivery: Callable[[Any, Any], None] | None = None
+) -> dict[str, Any]:
+    """Idempotent; transactional when given a transactional.id; `on_delivery` gets every message's delivery report
+    that has no callback of its own (the runner's producers: sinks/kafka/transaction.py, Deliveries)."""
     config = {
         **polled_client_config(settings),
         "enable.idempotence": True,
@@ -104,6 +108,8 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict[st
     }
     if transactional_id is not None:
         config |= {"transactional.id": transactional_id, "transaction.timeout.ms": settings.transaction_timeout_ms}
+    if on_delivery is not None:
+        config["on_delivery"] = on_delivery
     return config
 
 

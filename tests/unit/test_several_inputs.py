@@ -192,3 +192,24 @@ def test_an_empty_input_with_records_on_the_broker_is_waited_for_at_most_max_tas
 def test_an_empty_input_that_is_caught_up_is_not_waited_for_and_minus_one_never_waits() -> None:
     assert not waiting_task(idle_ms=100, high=4)._must_wait(LIMITS, now=100.0)
     assert not waiting_task(idle_ms=-1, high=9)._must_wait(LIMITS, now=100.0)
+
+
+def test_the_checker_names_a_record_moved_past_without_being_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red on purpose: a task that drops a fetched record and goes on past it commits runs that name fewer records
+    than its offsets cover. The checker says so, at the checkpoint, instead of replaying other records in their place
+    (the replay takes records by count)."""
+    enqueue = inputs_module.enqueue
+
+    def dropping_offset_1(queues, positions, messages):  # type: ignore[no-untyped-def]
+        enqueue(queues, positions, [m for m in messages if (m.topic(), m.offset()) != (TRADES, 1)])
+
+    monkeypatch.setattr(inputs_module, "enqueue", dropping_offset_1)
+    d = AppDriver(limits, partitions=1)
+    for ts in (10, 20, 30):
+        trade(d, 1, ts=ts)
+    d.run()
+    verdict = d.verify()
+    assert not verdict.ok
+    assert any(
+        "the order taken names 2 records, the next offset 3 covers 3" in p.detail for p in verdict.content.samples
+    ), verdict.summary()

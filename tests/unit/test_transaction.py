@@ -69,8 +69,8 @@ def test_partitions_commit_together_in_one_transaction_with_all_their_offsets() 
     p1.process([msg(0)])
     h.commit(p1)  # the runner commits the transaction: every task in it
     assert h.calls.names().count("begin_transaction") == 1
-    assert h.calls.names()[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
-    _, (offsets, group, _), _ = h.calls[-2]
+    assert h.calls.names()[-3:] == ["send_offsets_to_transaction", "flush", "commit_transaction"]
+    _, (offsets, group, _), _ = h.calls[-3]
     assert [(tp.topic, tp.partition, tp.offset) for tp in offsets] == [(INPUT, 0, 2), (INPUT, 1, 1)]
     assert group is GROUP_METADATA
     assert {r["partition"] for r in h.calls.produced(CHANGELOG)} == {0, 1}  # each its own changelog partition

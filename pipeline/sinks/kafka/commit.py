@@ -35,23 +35,60 @@ def commit_transaction(txn: Transaction, consumer: Consumer) -> None:
     if txn.abort_hook is not None and txn.abort_hook(txn.commits):
         raise TransactionAborted("injected abort (test hook)")
     if txn.transactional:
-        # 2. The consumed offsets join the transaction, with the group's metadata as of now: the generation that
-        #    owns these partitions. A zombie's are refused (docs/guarantees.md: zombies-stay-out).
-        if offsets:
-            group = consumer.consumer_group_metadata()
-            txn.call(txn.producer.send_offsets_to_transaction, offsets, group, txn.timeout_s)
-        # 3. Commit: outputs, changelog and offsets become visible together, or not at all. An unknown outcome is
-        #    asked again (docs/guarantees.md: unknown-commit-retried).
-        txn.call(txn.producer.commit_transaction, txn.timeout_s)
-    else:  # at_least_once: outputs first, offsets after
-        txn.call(txn.producer.flush, txn.timeout_s)
+        steps = SlowCommit(txn.name, txn.timeout_s)
+        with steps:
+            # 2. The consumed offsets join the transaction, with the group's metadata as of now: the generation that
+            #    owns these partitions. A zombie's are refused (docs/guarantees.md: zombies-stay-out).
+            if offsets:
+                group = consumer.consumer_group_metadata()
+                txn.call(txn.producer.send_offsets_to_transaction, offsets, group, txn.timeout_s)
+                steps.done("send_offsets_to_transaction")
+            # 3. Every message acknowledged with its offset (a message librdkafka assumed written after a leader died
+            #    may be missing: the transaction aborts instead of committing without it). The deliveries mostly
+            #    completed during step 2, which waits on the coordinator meanwhile.
+            txn.confirm_deliveries()
+            steps.done("deliveries")
+            # 4. Commit: outputs, changelog and offsets become visible together, or not at all. An unknown outcome is
+            #    asked again (docs/guarantees.md: unknown-commit-retried).
+            txn.call(txn.producer.commit_transaction, txn.timeout_s)
+            steps.done("commit_transaction")
+    else:  # at_least_once: outputs first (all of them acknowledged, or p rewinds), offsets after
+        txn.confirm_deliveries()
         if offsets:
             consumer.commit(offsets=offsets, asynchronous=False)
     if txn.observe_commit is not None:
         txn.observe_commit(time.monotonic() - started)
-    # 4. Each task moves its committed offset and state forward.
+    # 5. Each task moves its committed offset and state forward.
     for task in txn.end():
         task.committed()
+
+
+class SlowCommit:
+    """Times a commit's steps; one that took longer than REQUEST_TIMEOUT_MS in all is logged (WARNING) with each
+    step's time, finished or not: a commit was once seen stuck over 60 s after the transaction coordinator's broker
+    restarted, with nothing to say where."""
+
+    def __init__(self, name: str, limit_s: float) -> None:
+        self.name, self.limit_s = name, limit_s
+        self.started = self.last = time.monotonic()
+        self.steps: list[str] = []
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.append(f"{step} {now - self.last:.1f} s")
+        self.last = now
+
+    def __enter__(self) -> SlowCommit:
+        return self
+
+    def __exit__(self, error_type: object, error: object, traceback: object) -> None:
+        total = time.monotonic() - self.started
+        if total > self.limit_s:
+            ended = (
+                "" if error is None else f"; then {error_type.__name__ if isinstance(error_type, type) else error_type}"
+            )
+            steps = ", ".join(self.steps) or "none finished"
+            log.warning("%s: commit took %.1f s (%s%s)", self.name, total, steps, ended)
 
 
 def abort_transaction(txn: Transaction) -> None:

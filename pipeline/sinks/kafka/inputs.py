@@ -128,7 +128,7 @@ class MultiInputTask(KafkaTask):
                     self._begin()
                 if timers.fire(state, clock, now, self.taken) and self._burst:
                     self._hold(False)  # the burst is over: the records behind it go on
-                self.producer.poll(0)
+                self.txn.poll()
             if self._burst:
                 return
         self._take_in_order()
@@ -204,7 +204,7 @@ class MultiInputTask(KafkaTask):
             processed += 1
         if processed:
             self.note_batch(merged, merged[processed - 1], processed, produced)
-        self.producer.poll(0)
+        self.txn.poll()
 
     def _put_back(self, records: list[Consumed]) -> None:
         """Records taken from their queues but not processed go back to the front of them, in order."""

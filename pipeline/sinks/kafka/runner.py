@@ -48,6 +48,7 @@ from pipeline.sinks.kafka.snapshot import publish_shutdown_snapshot
 from pipeline.sinks.kafka.takeover import TakeOver
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext, registry_wait_over
 from pipeline.sinks.kafka.transaction import (
+    Deliveries,
     PartitionDropped,
     Transaction,
     TransactionAborted,
@@ -119,8 +120,8 @@ class KafkaRunner(TakeOver, PollLoop):
         self._ctx = ctx if ctx.schedule is self.schedule else replace(ctx, schedule=self.schedule)
 
     # -- clients and transactions ------------------------------------------------------------------------------------
-    def _make_producer(self, txn_id: str | None) -> Producer:
-        return Producer(producer_config(self.settings, txn_id))
+    def _make_producer(self, txn_id: str | None, on_delivery: Callable[[Any, Any], None] | None = None) -> Producer:
+        return Producer(producer_config(self.settings, txn_id, on_delivery))
 
     def _make_restore_consumer(self) -> Consumer:
         return Consumer(restore_consumer_config(self.settings, f"{self.app_id}.restore"))
@@ -143,10 +144,11 @@ class KafkaRunner(TakeOver, PollLoop):
         return task_type(self.ctx, p, self._transaction_for(p))
 
     def _new_transaction(self, txn_id: str, name: str | None = None) -> Transaction:
-        make = partial(self._make_producer, txn_id if self.settings.exactly_once else None)
+        deliveries = Deliveries()  # every producer of this transaction reports to it (a renewed one too)
+        make = partial(self._make_producer, txn_id if self.settings.exactly_once else None, deliveries.report)
         observe = self.metrics.commit_latency.observe
         quick = partial(quick_fence, self.settings, txn_id)  # not when many are fenced at once (takeover.fence)
-        return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, make, quick)
+        return Transaction(make(), self.settings, name or txn_id, self._abort_hook, observe, make, quick, deliveries)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
     def open(self) -> None:

@@ -224,7 +224,7 @@ class KafkaTask(Task):
             processed += 1
         if processed or produced:
             self.note_batch(messages, msg, processed, produced)
-        self.producer.poll(0)
+        self.txn.poll()
 
     def _wait_for_registry(self, msg: Consumed, error: RegistryUnavailable, processed: int) -> None:
         """The schema registry did not answer for `msg` (a schema id not cached yet): a transient fault, never the
@@ -334,8 +334,8 @@ class KafkaTask(Task):
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""
         try:
             produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
-        except KafkaException as e:
-            self.txn.raise_classified("produce", e)
+        except (KafkaException, SystemError) as e:  # SystemError: from a delivery callback its poll served
+            self.txn.raise_client_error("produce", e)
 
     # -- 2b. timers (docs/guarantees.md: timers-exactly-once) ----------------------------------------------------------
     def tick(self, now_ms: int) -> None:
@@ -352,7 +352,7 @@ class KafkaTask(Task):
             if not self.batch_open:
                 self._begin()
             timers.fire(timed, "wall", now_ms, self.next_offset)
-            self.producer.poll(0)
+            self.txn.poll()
 
     @property
     def holding(self) -> bool:
@@ -401,6 +401,7 @@ class KafkaTask(Task):
 
     def _checkpoint_delivered(self, txn: int) -> Callable[[Any, Any], None]:
         def delivered(error: Any, message: Any) -> None:
+            self.txn.deliveries.report(error, message)  # its own callback replaces the producer's
             if error is None:
                 self._checkpoint_at = (txn, message.offset())
 

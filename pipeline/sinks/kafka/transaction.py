@@ -56,6 +56,34 @@ class PartitionDropped(Exception):
     """The producer can never commit again (fenced, fatal, or an outcome that stayed unknown)."""
 
 
+class Deliveries:
+    """The delivery reports of one producer's messages since its transaction began: how many were not plainly
+    acknowledged, and the first of them. Plainly acknowledged means with an offset in the partition. librdkafka also
+    reports a message delivered, without an offset, when a later message of the same partition was acknowledged
+    while this one's outcome was unknown: it assumes it was written ("implicitly acked"). After a partition leader
+    died, the new leader may have lost that message and taken the later one as the producer's first; a commit then
+    makes the transaction visible without it. The cluster fault run saw exactly this: a dead-letter topic's partition
+    began with sequence 2 of the producer's epoch, the batch 0-1 (two dead letters) gone, the transaction committed
+    (docs/guarantees.md: unknown-commit-retried). Such a transaction is aborted instead; its records are taken again."""
+
+    def __init__(self) -> None:
+        self.unconfirmed = 0
+        self.first: str | None = None
+
+    def report(self, error: Any, message: Any) -> None:
+        """A delivery report (librdkafka's default callback of the producer, or a message's own)."""
+        offset = message.offset()  # None for a negative offset (confluent_kafka's Message)
+        if error is None and offset is not None and offset >= 0:
+            return
+        if not self.unconfirmed:
+            what = str(error) if error is not None else "acknowledged without an offset (implicitly, not by the broker)"
+            self.first = f"{message.topic()}[{message.partition()}]: {what}"
+        self.unconfirmed += 1
+
+    def clear(self) -> None:
+        self.unconfirmed, self.first = 0, None
+
+
 class Participant(Protocol):
     """What a transaction's commit and abort need of a task that staged work in it (KafkaTask)."""
 
@@ -78,8 +106,11 @@ class Transaction:
         observe_commit: Callable[[float], None] | None = None,
         renew_with: Callable[[], Producer] | None = None,
         quick_fence: Callable[[], None] | None = None,
+        deliveries: Deliveries | None = None,
     ) -> None:
         self.producer = producer
+        # Fed by the producer's delivery reports (its on_delivery, given where it is made: KafkaRunner._new_transaction)
+        self.deliveries = deliveries if deliveries is not None else Deliveries()
         self._renew_with = renew_with  # makes a producer under the same transactional.id (`renew`)
         self._quick_fence = quick_fence  # pipeline/kafka/kafka_python.py: before init_transactions, when given
         self.name = name  # for log lines: "p3" or the process's transactional.id
@@ -127,9 +158,30 @@ class Transaction:
 
     def join(self, task: Participant) -> None:
         """`task` stages work in this transaction from now on; the first one begins it."""
-        if not self.participants and self.transactional:
-            self.call(self.producer.begin_transaction)
+        if not self.participants:
+            self.poll()  # reports of an aborted transaction's messages are served before the count starts
+            self.deliveries.clear()
+            if self.transactional:
+                self.call(self.producer.begin_transaction)
         self.participants.append(task)
+
+    def confirm_deliveries(self) -> None:
+        """Before the commit: every message of the transaction delivered and acknowledged with an offset, or
+        TransactionAborted (see Deliveries). Waits for the reports as commit_transaction would (its flush), at most
+        TRANSACTION_TIMEOUT_MS: beyond that the broker aborts the transaction anyway."""
+        deadline = time.monotonic() + self._retry_for_s
+        try:
+            remaining = self.producer.flush(self.timeout_s)
+            while remaining and time.monotonic() < deadline:
+                remaining = self.producer.flush(min(self.timeout_s, max(0.0, deadline - time.monotonic())))
+        except (KafkaException, SystemError) as e:  # a fenced or fatal producer fails its flush
+            self.raise_client_error("flush", e)
+        if remaining:
+            raise TransactionAborted(f"{remaining} message(s) not delivered within TRANSACTION_TIMEOUT_MS")
+        if self.deliveries.unconfirmed:
+            raise TransactionAborted(
+                f"{self.deliveries.unconfirmed} message(s) not confirmed by the broker, first {self.deliveries.first}"
+            )
 
     def leave(self, task: Participant) -> None:
         """A participant dropped without committing (the others stay in the transaction)."""
@@ -164,6 +216,22 @@ class Transaction:
             )
         except KafkaException as e:
             self.raise_classified(method.__name__, e)
+
+    def poll(self) -> None:
+        """producer.poll(0): serves the delivery reports (Deliveries) of what was produced so far."""
+        try:
+            self.producer.poll(0)
+        except (KafkaException, SystemError) as e:
+            self.raise_client_error("poll", e)
+
+    def raise_client_error(self, operation: str, exc: Exception) -> NoReturn:
+        """A producer call's error, classified: librdkafka's own, or the SystemError confluent_kafka raises around it
+        when the error (a fenced or fatal producer, say) surfaced while a delivery callback ran (seen in a cluster
+        fault run: "Deliveries.report returned a result with an exception set", caused by the fenced error)."""
+        cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+        if isinstance(cause, KafkaException):
+            self.raise_classified(operation, cause)
+        raise exc
 
     def raise_classified(self, operation: str, exc: KafkaException) -> NoReturn:
         """A Kafka error inside a transaction becomes TransactionAborted or PartitionDropped (never RETRY here)."""

@@ -52,18 +52,57 @@ def all_inputs(run: RunData) -> dict[Coord, KafkaRecord]:
     return {coord(record, i): record for i, dump in enumerate(dumps) for record in dump.records}
 
 
-def processing_order(app: App, run: RunData, found: Findings) -> dict[int, list[tuple[int, KafkaRecord]]]:
+def processing_order(
+    app: App, run: RunData, found: Findings, taken_in: dict[Coord, str] | None = None
+) -> dict[int, list[tuple[int, KafkaRecord]]]:
     """p -> (topic index, record) in the order task p took them: the committed checkpoints' runs, then (records
-    beyond them, or a stateless App) the timestamp merge."""
-    queues = _queues(run)
-    runs = _committed_runs(run, found)
+    beyond them, or a stateless App) the timestamp merge. `taken_in` gets, for each record a checkpoint names, that
+    checkpoint (where the run committed it: what a finding about the record is best read against)."""
+    queues, topics, tables = _queues(run), topics_of(run), _table_lanes(app, run)
+    checkpoints = _committed_checkpoints(run, found)
     order: dict[int, list[tuple[int, KafkaRecord]]] = {}
-    for p in sorted({p for _, p in queues} | runs.keys()):
+    for p in sorted({p for _, p in queues} | checkpoints.keys()):
         taken: list[tuple[int, KafkaRecord]] = []
         positions: dict[int, int] = defaultdict(int)
-        _take_runs(runs.get(p, []), queues, p, positions, taken, found)
+        for where, checkpoint in checkpoints.get(p, []):
+            before = len(taken)
+            if not _take_runs(order_runs(checkpoint.order), queues, p, positions, taken, found):
+                break
+            if taken_in is not None:
+                taken_in.update(
+                    (coord(r, i), f"{where}, #{n} of p{p}") for n, (i, r) in enumerate(taken[before:], before)
+                )
+            streams = [topic if i not in tables else None for i, topic in enumerate(topics)]
+            _runs_match_offsets(where, checkpoint, streams, queues, p, positions, found)
         order[p] = taken + _merged_rest(app, run, queues, p, positions)
     return order
+
+
+def _runs_match_offsets(
+    where: str,
+    checkpoint: Checkpoint,
+    streams: Sequence[str | None],
+    queues: Mapping[tuple[int, int], list[KafkaRecord]],
+    p: int,
+    positions: Mapping[int, int],
+    found: Findings,
+) -> None:
+    """The records a checkpoint's runs have taken so far in each stream are the records below the next offset it
+    names for that stream: a task that moved past a record without taking it (or took one twice) committed an order
+    that names other records than its offsets, and the replay would silently take the wrong ones. `streams`: the
+    topics by index, None for a co-partitioned table (a take-over's restore reads a table ahead of what is taken, so
+    its offset may be beyond its runs)."""
+    for i, topic in enumerate(streams):
+        if topic is None or topic not in checkpoint.offsets:
+            continue
+        queue = queues.get((i, p), [])
+        below = bisect_left([r.offset for r in queue], checkpoint.offsets[topic] or 0)
+        if below != positions[i]:
+            found.add(
+                where,
+                f"{topic}: the order taken names {positions[i]} records, the next offset {checkpoint.offsets[topic]} "
+                f"covers {below} (a record moved past without being taken, or taken twice)",
+            )
 
 
 # A transaction as the PostgreSQL sink records it (pipeline_merge_order): every topic's next offset when it began
@@ -124,14 +163,16 @@ def _take_runs(
     positions: dict[int, int],
     taken: list[tuple[int, KafkaRecord]],
     found: Findings,
-) -> None:
+) -> bool:
+    """False when a run names records beyond the topic's (a finding)."""
     for i, count in runs:
         queue = queues.get((i, p), [])
         if positions[i] + count > len(queue):
             found.add(f"checkpoint p{p}", f"names {count} records of input {i} beyond its {len(queue)}")
-            return
+            return False
         taken += [(i, r) for r in queue[positions[i] : positions[i] + count]]
         positions[i] += count
+    return True
 
 
 def _merged_rest(
@@ -144,15 +185,20 @@ def _merged_rest(
     return list(heapq.merge(*rest, key=lambda item: item[1].timestamp_ms))
 
 
-def _committed_runs(run: RunData, found: Findings) -> dict[int, list[tuple[int, int]]]:
-    runs: dict[int, list[tuple[int, int]]] = defaultdict(list)
+def _committed_checkpoints(run: RunData, found: Findings) -> dict[int, list[tuple[str, Checkpoint]]]:
+    """p -> its committed checkpoints in changelog order, each with where it is ("checkpoint p0@12")."""
+    checkpoints: dict[int, list[tuple[str, Checkpoint]]] = defaultdict(list)
     for record in sorted(run.changelog.records if run.changelog else [], key=lambda r: r.coord):
         if is_checkpoint(record.key, list(record.headers)):
+            where = f"checkpoint p{record.partition}@{record.offset}"
             try:
-                runs[record.partition] += order_runs(Checkpoint.decode(record.value or b"").order)
+                checkpoint = Checkpoint.decode(record.value or b"")
+                order_runs(checkpoint.order)
             except (ValueError, KeyError) as e:
                 found.add(f"changelog {record.partition}@{record.offset}", f"unreadable order ({e})")
-    return runs
+                continue
+            checkpoints[record.partition].append((where, checkpoint))
+    return checkpoints
 
 
 def fold_several(
@@ -180,7 +226,8 @@ def fold_several(
         if app.timed
         else None
     )
-    for p, taken in (processing_order(app, run, found) if order is None else order).items():
+    taken_in: dict[Coord, str] = {}
+    for p, taken in (processing_order(app, run, found, taken_in) if order is None else order).items():
         state = new_state(app)
         tables = {topic: TableStore(app.table_specs[name]) for topic, name in table_topics.items()}
         globals_now = {name: TableStore(app.global_table_specs[name]) for name in app.global_table_specs}
@@ -198,8 +245,10 @@ def fold_several(
                 update = next(pending, None)
             if topics[i] in tables:
                 tables[topics[i]].load(record.key, record.value)
-            elif coord(record, i) not in skipped:
-                _fold_record(app, state, record, topics[i], coord(record, i), run, reference)
+            elif (at := coord(record, i)) not in skipped:
+                _fold_record(app, state, record, topics[i], at, run, reference)
+                if at in reference.failures and at in taken_in:  # where the run took it: its dead letter's transaction
+                    reference.failures[at] += f" [taken in {taken_in[at]}]"
         if firings is not None:
             timed = cast(TimedState, state)
             firings.walls_until(timed, p, None)
