@@ -126,7 +126,9 @@ class Settings:
     max_task_idle_ms: int = 100
     # Fast failure detection (pipeline/kafka/liveness.py): a peer silent this long is fenced and removed from the group
     # at once, instead of after SESSION_TIMEOUT_MS (and TRANSACTION_TIMEOUT_MS for its open transaction). 0: off.
-    failure_detection_ms: int = 0
+    # On by default (issue 33): a take-over in ~2 s instead of ~11 s. 1000 ms is twice the bound that saw no false
+    # positive in three soaks at load averages up to 14, and was itself soaked on a loaded machine (BENCHMARKS.md).
+    failure_detection_ms: int = 1_000
     # Warm standbys (pipeline/state/standby.py): copies of this many other members' partitions kept here, following
     # their changelog, so that a take-over reads only what the copy is behind. 0: none (a take-over restores in full).
     standby_replicas: int = 0

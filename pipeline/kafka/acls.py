@@ -95,12 +95,13 @@ def pipeline_acls(
     exactly_once: bool = True,
     create_internal_topics: bool = True,
     snapshot_on_shutdown: bool = False,
-    failure_detection: bool = False,
+    failure_detection: bool = True,
 ) -> list[Acl]:
     """What `pipeline run` with the Kafka sink needs, and nothing more. A stateless app has no changelog and no
-    snapshots; at_least_once has no transactional producers. `failure_detection` (FAILURE_DETECTION_MS > 0) adds the
-    heartbeat topic; what its removal of a silent peer needs is already here: LeaveGroup is authorized by READ on the
-    group, and the fence of the peer's per-process producer by the transactional-id prefix that covers it."""
+    snapshots; at_least_once has no transactional producers. `failure_detection` (FAILURE_DETECTION_MS > 0, the
+    default) adds the heartbeat topic; what its removal of a silent peer needs is already here: LeaveGroup is
+    authorized by READ on the group, and the fence of the peer's per-process producer by the transactional-id prefix
+    that covers it."""
     acls = [
         Acl("topic", n.input_topic, ("READ",), "the group consumer"),
         *(Acl("topic", t, ("READ",), "an input or table beside the first input") for t in n.co_partitioned),

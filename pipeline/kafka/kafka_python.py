@@ -47,10 +47,13 @@ def kafka_python_config(settings: Settings) -> dict[str, Any]:
     for name, value in settings.kafka.items():
         if name in KAFKA_PYTHON_CONFIG:
             config[KAFKA_PYTHON_CONFIG[name]] = str(value)
+        elif name == "ssl.endpoint.identification.algorithm":  # common beside a private CA; "none" or "https"
+            config["ssl_check_hostname"] = str(value).lower() != "none"
         elif name.startswith(("sasl.", "ssl.")):
             raise ConfigError(
                 f"FAILURE_DETECTION_MS: the Kafka property {name} cannot be passed to the group admin client "
-                f"(supported: {', '.join(sorted(KAFKA_PYTHON_CONFIG))}); set FAILURE_DETECTION_MS=0 or use those"
+                f"(supported: {', '.join(sorted(KAFKA_PYTHON_CONFIG))}, ssl.endpoint.identification.algorithm); "
+                "set FAILURE_DETECTION_MS=0 (fast failure detection off) or use those"
             )
     return config
 

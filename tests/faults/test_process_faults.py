@@ -79,8 +79,11 @@ def test_sigterm_commits_or_aborts_and_exits_cleanly(fault_run):
     assert re.search(r"restored: \d+ keys from [1-9]\d* snapshot entries", logs()), fleet.logs()
 
 
-def test_zombie_paused_past_session_timeout_commits_nothing(fault_run):
-    run = fault_run()
+@pytest.mark.parametrize("detection_ms", ["0", "1000"], ids=["session-timeout", "detector"])
+def test_zombie_paused_past_session_timeout_commits_nothing(fault_run, detection_ms):
+    # "0": the group's own session time-out ends the zombie (the protocol, without the detector); "1000": the default
+    # FAILURE_DETECTION_MS fences and removes it within a second or two. Either way it commits nothing once woken.
+    run = fault_run(failure_detection_ms=detection_ms)
     run.feed(totals_input(20_000, seed=3), seconds=14)
     fleet = run.start(2)
     owners = eventually(lambda: _both_own_partitions(run))

@@ -27,7 +27,7 @@ DETECTION = {
 }
 REMOVED = "removed from group"
 # What detection adds to the definition, or gives a new reason (the group: LeaveGroup), by key for a template app.
-PLAIN = {acl.key: acl.why for acl in pipeline_acls(Names("APP", "IN", "OUT"))}
+PLAIN = {acl.key: acl.why for acl in pipeline_acls(Names("APP", "IN", "OUT"), failure_detection=False)}
 ADDED = [
     acl.key
     for acl in pipeline_acls(Names("APP", "IN", "OUT"), failure_detection=True)

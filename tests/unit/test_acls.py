@@ -35,11 +35,10 @@ EXAMPLE = Names("running-totals", "totals-input", "totals-output")
 PG_EXAMPLE = Names("running-totals-pg", "totals-input", "")
 
 
-def documented_definition(detection: bool = True) -> list[str]:
-    """The lines SECURITY.md shows; `detection`: with what FAILURE_DETECTION_MS adds (after the service's own)."""
+def documented_definition() -> list[str]:
+    """The lines SECURITY.md shows: the service's with the default FAILURE_DETECTION_MS (on), then the others'."""
     return (
         kafka_acls_lines("User:running-totals", pipeline_acls(EXAMPLE))
-        + kafka_acls_lines("User:running-totals", detection_only(EXAMPLE) if detection else [])
         + kafka_acls_lines("User:running-totals-compaction", compaction_acls(EXAMPLE))
         + kafka_acls_lines("User:running-totals-pg", postgres_acls(PG_EXAMPLE))
     )
@@ -76,8 +75,10 @@ def test_the_names_are_the_runtimes() -> None:
 
 
 def test_what_a_service_does_not_use_it_is_not_granted() -> None:
-    stateless = {a.name for a in pipeline_acls(EXAMPLE, stateful=False)}
+    stateless = {a.name for a in pipeline_acls(EXAMPLE, stateful=False, failure_detection=False)}
     assert stateless == {"totals-input", "totals-output", "running-totals-dlq", "running-totals", "running-totals."}
+    detecting = {a.name for a in pipeline_acls(EXAMPLE, stateful=False)}  # FAILURE_DETECTION_MS's default: on
+    assert detecting == stateless | {"running-totals-liveness"}
     assert not [a for a in pipeline_acls(EXAMPLE, exactly_once=False) if a.resource == "transactional-id"]
     assert not [a for a in pipeline_acls(EXAMPLE, create_internal_topics=False) if "CREATE" in a.operations]
     snapshots = [a for a in pipeline_acls(EXAMPLE, snapshot_on_shutdown=True) if a.name == EXAMPLE.snapshots]
@@ -109,7 +110,7 @@ def test_acls_prints_what_security_md_shows(capsys, monkeypatch) -> None:
 
     assert (code, pg_code) == (0, 0)
     printed = [line for line in (out + pg_out).splitlines() if line.startswith("$ACLS --add ")]
-    assert printed == documented_definition(detection=False)
+    assert printed == documented_definition()
     assert out.splitlines()[0] == (
         'ACLS="kafka-acls.sh --bootstrap-server 127.0.0.1:9092 --command-config admin.properties"'
     )
@@ -150,14 +151,15 @@ def test_acls_follow_the_settings_pipeline_run_reads(capsys, monkeypatch, tmp_pa
 
 
 def test_acls_list_the_heartbeat_topic_only_with_failure_detection(capsys, monkeypatch) -> None:
-    """FAILURE_DETECTION_MS adds READ, WRITE and CREATE on `<app id>-liveness`; the LeaveGroup of a silent peer and the
-    fence of its per-process producer are covered by the group's READ and the transactional-id prefix, listed anyway."""
-    code, plain = acls_command(capsys, monkeypatch, "pipeline.examples.running_totals:app")
-    monkeypatch.setenv("PIPELINE_FAILURE_DETECTION_MS", "1000")
-    detecting_code = cli.main(["acls", "pipeline.examples.running_totals:app"])
-    detecting = capsys.readouterr().out
+    """FAILURE_DETECTION_MS (on by default) adds READ, WRITE and CREATE on `<app id>-liveness`; the LeaveGroup of a
+    silent peer and the fence of its per-process producer are covered by the group's READ and the transactional-id
+    prefix, listed anyway. FAILURE_DETECTION_MS=0 leaves the heartbeat topic out."""
+    code, detecting = acls_command(capsys, monkeypatch, "pipeline.examples.running_totals:app")
+    monkeypatch.setenv("PIPELINE_FAILURE_DETECTION_MS", "0")
+    plain_code = cli.main(["acls", "pipeline.examples.running_totals:app"])
+    plain = capsys.readouterr().out
 
-    assert (code, detecting_code) == (0, 0)
+    assert (code, plain_code) == (0, 0)
     assert "liveness" not in plain
     added = [line for line in detecting.splitlines() if line not in plain.splitlines()]
     assert added == kafka_acls_lines("User:running-totals", detection_only(EXAMPLE))
@@ -167,7 +169,7 @@ def test_acls_list_the_heartbeat_topic_only_with_failure_detection(capsys, monke
 
 
 def detection_only(names: Names) -> list[Acl]:
-    plain = pipeline_acls(names)
+    plain = pipeline_acls(names, failure_detection=False)
     return [a for a in pipeline_acls(names, failure_detection=True) if a.key not in {p.key for p in plain}]
 
 

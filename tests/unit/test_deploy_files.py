@@ -122,6 +122,9 @@ def test_configmap_is_a_valid_configuration_without_secrets() -> None:
     (container,) = objects["StatefulSet"]["spec"]["template"]["spec"]["containers"]
     settings = load(env={**config, "PIPELINE_GROUP_INSTANCE_ID": "running-totals-0"})  # raises on a bad setting
     assert settings.exactly_once
+    # several pods: a dead one's partitions are taken over fast (issue 33), onto a warm copy
+    assert objects["StatefulSet"]["spec"]["replicas"] >= 2
+    assert settings.failure_detection_ms > 0 and settings.standby_replicas >= 1
     assert "sasl.password" not in settings.kafka
     secret_like = [k for k in config if any(w in k.lower() for w in SECRET_WORDS)]
     assert not secret_like, f"secrets belong in a Secret, not the ConfigMap: {secret_like}"
@@ -179,6 +182,8 @@ def test_compose_pipelines() -> None:
         settings = load(env=env)  # raises on a bad setting
         ids.add(settings.group_instance_id)
         ports.add(settings.metrics_port)
+        # two instances: a dead one's partitions are taken over fast (issue 33), onto a warm copy
+        assert settings.failure_detection_ms > 0 and settings.standby_replicas == 1, name
         assert service["build"] == "." and service["command"] == ["run", "pipeline.examples.running_totals:app"]
         assert service["depends_on"]["kafka"] == {"condition": "service_healthy"}
         assert service["depends_on"]["topics"] == {"condition": "service_completed_successfully"}

@@ -13,7 +13,9 @@ CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbea
 
 
 def test_classic_is_the_default_and_keeps_the_client_side_group_settings() -> None:
-    s = load(env={"PIPELINE_SESSION_TIMEOUT_MS": "7000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "700"})
+    # FAILURE_DETECTION_MS off: on (the default), it shortens the heartbeat interval (the last test)
+    env = {"PIPELINE_SESSION_TIMEOUT_MS": "7000", "PIPELINE_HEARTBEAT_INTERVAL_MS": "700"}
+    s = load(env={**env, "PIPELINE_FAILURE_DETECTION_MS": "0"})
     config = consumer_config(s, "group")
     assert s.group_protocol == "classic" and config["group.protocol"] == "classic"
     assert (config["partition.assignment.strategy"], config["session.timeout.ms"], config["heartbeat.interval.ms"]) == (
@@ -65,4 +67,5 @@ def test_with_fast_failure_detection_the_heartbeat_hears_of_a_removal_within_a_q
     assert consumer_config(quick, "group")["heartbeat.interval.ms"] == 250
     slow = load(env={"PIPELINE_FAILURE_DETECTION_MS": "8000", "PIPELINE_SESSION_TIMEOUT_MS": "30000"})
     assert consumer_config(slow, "group")["heartbeat.interval.ms"] == 1000  # never longer than HEARTBEAT_INTERVAL_MS
-    assert consumer_config(load(env={}), "group")["heartbeat.interval.ms"] == 1000
+    assert consumer_config(load(env={}), "group")["heartbeat.interval.ms"] == 250  # on by default, at 1000 ms
+    assert consumer_config(load(env={"PIPELINE_FAILURE_DETECTION_MS": "0"}), "group")["heartbeat.interval.ms"] == 1000

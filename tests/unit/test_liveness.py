@@ -129,6 +129,18 @@ def test_the_admin_client_gets_the_security_settings_or_start_up_names_the_one_i
     assert kafka_python_config(settings)["sasl_mechanism"] == "SCRAM-SHA-512"
     with pytest.raises(ConfigError, match=r"FAILURE_DETECTION_MS.*sasl\.oauthbearer\.config"):
         kafka_python_config(Settings(kafka={"sasl.oauthbearer.config": "x"}))
+    # on by default: a cluster reached with hostname verification off must not need FAILURE_DETECTION_MS=0
+    for algorithm, check in (("none", False), ("https", True)):
+        verify = Settings(kafka={"security.protocol": "SSL", "ssl.endpoint.identification.algorithm": algorithm})
+        assert kafka_python_config(verify)["ssl_check_hostname"] is check
+
+
+def test_fast_failure_detection_is_on_by_default_and_0_turns_it_off() -> None:
+    """Issue 33: a user who sets nothing gets the fast take-over (1000 ms: BENCHMARKS.md, the soaks behind it)."""
+    assert Settings().failure_detection_ms == 1000
+    assert Settings(failure_detection_ms=0).failure_detection_ms == 0
+    # the shortest session time-out still leaves the default bound room below it
+    assert Settings(session_timeout_ms=6000, heartbeat_interval_ms=2000).failure_detection_ms == 1000
 
 
 def test_the_supervisors_announcement_keeps_the_place_until_the_new_process_beats_itself() -> None:

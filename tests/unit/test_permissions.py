@@ -58,10 +58,12 @@ class FakeAdmin:
     DESCRIBE) or ABSENT (the principal may see it, it does not exist); CREATE per topic name."""
 
     def __init__(self, topics: dict | None = None, groups: dict | None = None, creatable: set[str] | None = None):
-        self.topics = {t: ALL_TOPIC_OPS for t in ("x-in", "x-out", "x-changelog", "x-snapshots", "x-dlq")}
+        # x-liveness: the heartbeat topic of FAILURE_DETECTION_MS, on by default
+        internal = ("x-changelog", "x-snapshots", "x-dlq", "x-liveness")
+        self.topics = {t: ALL_TOPIC_OPS for t in ("x-in", "x-out", *internal)}
         self.topics |= topics or {}
         self.groups = {"x": {"READ", "DESCRIBE"}} | (groups or {})
-        self.creatable = creatable if creatable is not None else {"x-changelog", "x-snapshots", "x-dlq"}
+        self.creatable = creatable if creatable is not None else set(internal)
         self.asked: list[str] = []
         self.validated: list[str] = []
 
@@ -136,13 +138,15 @@ def test_every_gap_is_named_at_once() -> None:
         "DESCRIBE, READ)" in message
     )
     assert (
-        "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: DESCRIBE)" in message
+        "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; LeaveGroup of a silent peer; "
+        "granted: DESCRIBE)" in message
     )
 
 
 def test_a_group_the_principal_may_not_describe() -> None:
-    assert "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; granted: none)" in failure(
-        FakeAdmin(groups={"x": DENIED})
+    assert (
+        "READ on group 'x' (membership, committed offsets, send_offsets_to_transaction; LeaveGroup of a silent peer; "
+        "granted: none)" in failure(FakeAdmin(groups={"x": DENIED}))
     )
 
 
