@@ -3,10 +3,10 @@
 Every setting is validated at start-up; a bad one fails with a message that names it. Any librdkafka property can
 be passed through with `PIPELINE_KAFKA_<PROPERTY>` (dots as underscores, e.g. PIPELINE_KAFKA_SECURITY_PROTOCOL) or a
 `[kafka]` table in the config file; it applies to every client the runner creates. Secrets (Kafka properties whose
-name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings: repr() shows `'***'`, so printing or
-logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows them, while the clients get
-the real value. json.dumps and str() do write the real value: what is serialised for a log or a report is
-`settings.redacted()`.
+name holds one of SECRET_WORDS, the PostgreSQL DSN) are `Secret` strings (pipeline/redaction.py): repr() shows
+`'***'`, so printing or logging the settings, their `kafka` dict or `dataclasses.asdict(settings)` never shows
+them, while the clients get the real value. json.dumps and str() do write the real value: what is serialised for a
+log or a report is `settings.redacted()`.
 
 A service with settings of its own extends the type; its fields are read from the same file and environment, with
 the same checks and error messages (fields of type str, int or bool):
@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from pipeline.redaction import REDACTED, Secret, as_secret, redact_dsn, secret_if_named
 
 EXACTLY_ONCE = "exactly_once"
 AT_LEAST_ONCE = "at_least_once"
@@ -51,38 +52,6 @@ PER_PROCESS = "per_process"  # one per process (KIP-447), zombies fenced by the 
 ENV_PREFIX = "PIPELINE_"
 KAFKA_ENV_PREFIX = "PIPELINE_KAFKA_"
 SPARK_KAFKA_ENV_PREFIX = "PIPELINE_SPARK_KAFKA_"  # the compaction job's Java client properties (snapshots/options.py)
-# Kafka properties whose values are secrets (also a schema registry's basic.auth.user.info, user:password).
-SECRET_WORDS = ("password", "secret", "key", "token", "jaas", "oauthbearer", "user.info", "credentials")
-REDACTED = "***"
-_DSN_PASSWORDS = (  # a password inside a libpq DSN: URI user:password@, or password=... (quoted or not)
-    re.compile(r"(?<=://)([^:/@]*):[^@/]*@"),
-    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
-)
-
-
-class Secret(str):
-    """A string whose repr() is '***': it stays out of logs, tracebacks and printed settings. str(), f-strings and
-    the clients see the real value (and it compares equal to it). json.dumps writes the real value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "'***'"
-
-
-def redact_dsn(dsn: str) -> str:
-    """The DSN without its password (URI or key=value form)."""
-    uri, keywords = _DSN_PASSWORDS
-    return keywords.sub(lambda m: m.group(1) + REDACTED, uri.sub(lambda m: f"{m.group(1)}:{REDACTED}@", str(dsn)))
-
-
-def secret_if_named(name: str, value: str) -> str:
-    """A Secret if the property's name says it holds one (SECRET_WORDS)."""
-    return _secret(value) if any(w in name.lower() for w in SECRET_WORDS) else value
-
-
-def _secret(value: str) -> str:
-    return Secret(value) if value else value  # an empty one stays visible: "POSTGRES_DSN is empty" must be debuggable
 
 
 class ConfigError(ValueError):
@@ -173,9 +142,9 @@ class Settings:
         # Frozen: the secrets are wrapped in place, once, whoever built the settings (load, a test, a benchmark).
         kafka = {k: secret_if_named(k, v) for k, v in self.kafka.items()}
         object.__setattr__(self, "kafka", kafka)
-        object.__setattr__(self, "postgres_dsn", _secret(self.postgres_dsn))
-        object.__setattr__(self, "schema_registry_user_info", _secret(self.schema_registry_user_info))
-        object.__setattr__(self, "query_token", _secret(self.query_token))
+        object.__setattr__(self, "postgres_dsn", as_secret(self.postgres_dsn))
+        object.__setattr__(self, "schema_registry_user_info", as_secret(self.schema_registry_user_info))
+        object.__setattr__(self, "query_token", as_secret(self.query_token))
         validate(self)
         validate_registry(self)
         _validate_queries(self)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.settings import SPARK_KAFKA_ENV_PREFIX, ConfigError, secret_if_named
+from pipeline.redaction import secret_if_named
+from pipeline.settings import SPARK_KAFKA_ENV_PREFIX, ConfigError
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.snapshot_format import DEFAULT_CHUNK_BYTES, snapshot_topic
 

@@ -22,7 +22,8 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.clients import client_config
 from pipeline.kafka.logs import librdkafka_log
-from pipeline.settings import KAFKA_ENV_PREFIX, SECRET_WORDS, ConfigError, Settings
+from pipeline.redaction import SECRET_WORDS
+from pipeline.settings import KAFKA_ENV_PREFIX, ConfigError, Settings
 
 POLL_S = 0.1
 

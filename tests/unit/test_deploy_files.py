@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from pipeline.metrics import Metrics
-from pipeline.settings import SECRET_WORDS, Settings, load
+from pipeline.redaction import SECRET_WORDS
+from pipeline.settings import Settings, load
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
