@@ -67,6 +67,9 @@ def registry_backoff(settings: Settings) -> Backoff:
     return Backoff(settings.processing_backoff_ms / 1000, 2.0, REGISTRY_BACKOFF_MAX_S)
 
 
+# confluent-kafka's produce as the hot loop calls it, positionally; an alias: `Callable[...]` in a cast is built anew at
+# every call, a batch of a partition each.
+Produce = Callable[..., None]
 RegistryWait = float | threading.Event  # until when (time.monotonic()), or until the look-up answers
 
 
@@ -173,7 +176,7 @@ class KafkaTask(Task):
         name, decode_key, decode_value, twin_failed, encode = self._hot
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
         user_process, begin_record = app.process, state.begin_record if app.stateful else None
-        produce = cast(Callable[..., None], self.producer.produce)  # (topic, value, key, partition, _, _, 0, headers)
+        produce = cast(Produce, self.producer.produce)  # (topic, value, key, partition, _, _, 0, headers)
         processed = produced = 0
         position, opened, running = -1 if self.next_offset is None else self.next_offset, self.batch_open, RUNNING
         for msg in messages:
