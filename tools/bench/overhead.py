@@ -91,20 +91,24 @@ class Overhead:
 
 
 def messages_for(app: App, records: int, partitions: int = 1) -> list[Consumed]:
-    """`records` messages of app's generator, round robin over `partitions` input partitions (offsets per partition)."""
+    """`records` messages of app's generator over `partitions` input partitions, each in the partition the generator
+    gives it (running_totals: by account, as on a broker), offsets counted per partition."""
     # The benched Apps have one input: (partition, key, value[, timestamp ms]) records.
-    generated = cast(Iterable[ProducedRecord], app.generate(records, 1, 0) if app.generate else [])
-    messages = [
-        Message(
-            topic=app.input_topic,
-            partition=i % partitions,
-            offset=i // partitions,
-            key=key,
-            value=value,
-            timestamp=(1, timestamp[0] if timestamp else 0),
+    generated = cast(Iterable[ProducedRecord], app.generate(records, partitions, 0) if app.generate else [])
+    offsets = [0] * partitions
+    messages = []
+    for p, key, value, *timestamp in generated:
+        messages.append(
+            Message(
+                topic=app.input_topic,
+                partition=p,
+                offset=offsets[p],
+                key=key,
+                value=value,
+                timestamp=(1, timestamp[0] if timestamp else 0),
+            )
         )
-        for i, (_, key, value, *timestamp) in enumerate(generated)
-    ]
+        offsets[p] += 1
     return cast(list[Consumed], messages)  # built with their topic, partition, offset and timestamp: records
 
 
