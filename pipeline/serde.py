@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -150,3 +150,28 @@ def skip_bytes_deserialize(serde: Serde) -> Callable[[bytes | None], Any] | None
 def skip_bytes_serialize(serde: Serde) -> Callable[[Any], bytes | None] | None:
     """The serde's serialize, or None when it passes bytes through."""
     return None if isinstance(serde, BytesSerde) else serde.serialize
+
+
+def fast_deserialize(serde: Serde) -> Callable[[Any], Any] | None:
+    """A C function that decodes as the serde does, for the hot path: where it does not raise, it returns what
+    `serde.deserialize` returns; where it raises (None, bytes the serde refuses), the caller asks the serde itself,
+    which gives the answer (None for None) or raises its own error. None: the serde has no such twin (the type's own
+    subclasses included: they may decode otherwise)."""
+    kind = type(serde)
+    if kind is StringSerde:
+        return cast(Callable[[Any], Any], bytes.decode)
+    if kind is JsonSerde and not cast(JsonSerde, serde).decimal:
+        return cast(Callable[[Any], Any], orjson.loads)
+    return None
+
+
+def fast_serialize(serde: Serde) -> Callable[[Any], Any] | None:
+    """A C function that encodes as the serde does, for every value but None (which the serde writes as None, the
+    tombstone): where it does not raise, the same bytes as `serde.serialize`; where it raises, the caller asks the serde
+    itself. None: the serde has no such twin."""
+    kind = type(serde)
+    if kind is StringSerde:
+        return cast(Callable[[Any], Any], str.encode)
+    if kind is JsonSerde and not cast(JsonSerde, serde).decimal:
+        return orjson.dumps  # without `default`: it only serves values orjson refuses, and the serde's own call does
+    return None

@@ -135,21 +135,27 @@ class FakeProducer:
     def begin_transaction(self, *args: Any) -> None:
         self._record("begin_transaction", *args)
 
-    def produce(self, topic: str, value: Any = None, key: Any = None, **kwargs: Any) -> None:
-        self._record("produce", topic, value, key, **kwargs)
-        message = kafka_message(
-            self._next_offset,
-            key,
-            value,
-            topic=topic,
-            partition=kwargs.get("partition", -1),
-            headers=kwargs.get("headers"),
-        )
+    def produce(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int = -1,
+        callback: Any = None,
+        on_delivery: Any = None,
+        timestamp: int = 0,
+        headers: Any = None,
+    ) -> None:
+        """confluent-kafka's signature, in its order: the Kafka sink's hot loop passes every argument positionally."""
+        on_delivery = on_delivery or callback
+        extra = {"on_delivery": on_delivery} if on_delivery is not None else {}
+        self._record("produce", topic, value, key, partition=partition, headers=headers, **extra)
+        message = kafka_message(self._next_offset, key, value, topic=topic, partition=partition, headers=headers)
         self._next_offset += 1
         self.records.append(message)
-        if (on_delivery := kwargs.get("on_delivery", self._on_delivery)) is not None:
+        if (on_delivery := on_delivery or self._on_delivery) is not None:
             if topic in self._no_offset_for:
-                message = kafka_message(OFFSET_INVALID, key, value, topic=topic, partition=kwargs.get("partition", -1))
+                message = kafka_message(OFFSET_INVALID, key, value, topic=topic, partition=partition)
             self._undelivered.append((message, on_delivery))
 
     def send_offsets_to_transaction(self, *args: Any) -> None:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Final, cast
 
 from pipeline.app import CodeError, State, StateTimers
-from pipeline.serde import JSON, Serde, SerdeError
+from pipeline.serde import JSON, Serde, SerdeError, fast_deserialize, fast_serialize
 
 
 class _Missing(enum.Enum):  # an enum member rather than object(): `is _MISSING` then narrows the type
@@ -41,6 +41,9 @@ class PartitionState(State):
 
     def __init__(self, serde: Serde = JSON) -> None:
         self._serde = serde
+        # The serde's C twins (pipeline/serde.py), per record on the hot path; what they refuse goes to the serde.
+        self._loads = fast_deserialize(serde) or serde.deserialize
+        self._dumps = fast_serialize(serde) or serde.serialize
         self._data: dict[str, bytes] = {}
         self._before_txn: dict[str, Any] = {}
         self._before_record: dict[str, Any] = {}
@@ -60,14 +63,22 @@ class PartitionState(State):
 
     def get(self, key: str, default: Any = None) -> Any:
         encoded = self._data.get(key)  # Mapping.get would go through __getitem__ and a KeyError: the hot path
-        return default if encoded is None else self._serde.deserialize(encoded)
+        if encoded is None:
+            return default
+        try:
+            return self._loads(encoded)
+        except Exception:
+            return self._serde.deserialize(encoded)
 
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str):
             raise TypeError(f"state keys must be str, not {type(key).__name__}")
         if value is None:
             raise ValueError("None cannot be stored as a state value (it is the tombstone); use `del state[key]`")
-        encoded = self._serde.serialize(value)
+        try:
+            encoded = self._dumps(value)
+        except Exception:
+            encoded = self._serde.serialize(value)
         if encoded is None:  # None is the tombstone: storing it would delete the key from the changelog
             raise SerdeError(f"the state serde encoded a {type(value).__name__} as None")
         self._remember(key)

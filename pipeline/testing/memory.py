@@ -95,11 +95,13 @@ class MemoryProducer:
         value: Any = None,
         key: Any = None,
         partition: int = -1,
-        headers: Any = None,
+        callback: Callable[[Any, Delivered], None] | None = None,
         on_delivery: Callable[[Any, Delivered], None] | None = None,
         timestamp: int = 0,
-        **kwargs: Any,
+        headers: Any = None,
     ) -> None:
+        """confluent-kafka's signature, in its order: the Kafka sink's hot loop passes every argument positionally."""
+        on_delivery = on_delivery or callback
         if partition < 0:
             partition = zlib.crc32(key or b"") % self.broker.partitions.get(topic, 1)
         record = KafkaRecord(

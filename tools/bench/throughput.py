@@ -6,20 +6,25 @@ with the same records (3 input partitions):
          value to the same output partition, commit offsets asynchronously every commit interval. No framework: the
          physical limit of one Python process. Its producer is configured like the KafkaRunner's at_least_once producer
          (idempotent, acks=all, linger.ms=5), so raw vs at_least_once is the cost of the framework alone.
+    hand the same work as the App written by hand (tools/bench/hand.py): consume a batch, decode, update a dict,
+         encode, produce, commit offsets asynchronously every commit interval; no transactions, no provenance header.
+         What a user would write instead of the template: every cell reports eos / hand (issue 33).
     alo  the KafkaRunner with processing_guarantee=at_least_once
     eos  the KafkaRunner with exactly_once (the default)
 
-Throughput is measured from the first input record processed to the last one (records_in reaching N; raw: its
-producer flushed), so group join, fencing and restore are excluded; commits during the run are included, the final
-one is not. Rates count only the records processed after the first sample that saw progress. Everything runs
-in-process, the loops in threads. A profile pass runs the exactly_once copier (100 B, 100 ms) under cProfile, from
-the first record processed to the last one, and prints the top functions by cumulative and by own time.
+Throughput is measured from the first input record processed to the last one (records_in reaching N; raw and hand:
+their producer flushed), so group join, fencing and restore are excluded; commits during the run are included, the
+final one is not. After every run an observer counts the committed outputs (read_committed, the whole output topic):
+anything but one per input record (both workloads map one record to one output) fails the run. Rates count only
+the records processed after the first sample that saw progress. Everything runs in-process, the loops in threads.
+A profile pass runs the exactly_once copier (100 B, 100 ms) under cProfile, from the first record processed to the
+last one, and prints the top functions by cumulative and by own time.
 
     python -m tools.bench                      # whole matrix + profile (~4 min on 2 cores)
     python -m tools.bench --quick              # fewer records: a smoke run
     python -m tools.bench --only copier,100ms,eos,raw --records 50000
     python -m tools.bench --only copier,100ms --producers per_partition,per_process   # both PRODUCERS, interleaved
-    python -m tools.bench --overhead           # the framework's cost per record without a broker (seconds, stable)
+    python -m tools.bench --overhead           # CPU per record without a broker, ours and by hand (stable)
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -44,11 +49,12 @@ from confluent_kafka.admin import AdminClient
 from pipeline import settings as settings_module
 from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
+from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
 from pipeline.metrics import Metrics
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
 from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.testing.inputs import create_topics, produce_copier, produce_running_totals
-from tools.bench import overhead
+from tools.bench import hand, overhead
 
 log = logging.getLogger("tools.bench.throughput")
 
@@ -56,7 +62,8 @@ PARTITIONS = 3
 WORKLOADS: dict[str, App] = {"copier": copier.app, "running_totals": running_totals.app}
 SIZES: dict[str, int] = {"100B": 100, "1KB": 1024}
 INTERVALS: dict[str, int] = {"100ms": 100, "1s": 1000}
-MODES: dict[str, str | None] = {"raw": None, "alo": AT_LEAST_ONCE, "eos": EXACTLY_ONCE}
+MODES: dict[str, str | None] = {"raw": None, "hand": None, "alo": AT_LEAST_ONCE, "eos": EXACTLY_ONCE}
+LOOP_MODES = ("raw", "hand")  # no KafkaRunner: run once per cell whatever PRODUCERS
 PRODUCERS = (PER_PARTITION, PER_PROCESS)
 PER_PROCESS_SUFFIX = "-per_process"  # "eos-per_process": the KafkaRunner mode with PRODUCERS=per_process
 DEFAULT_RECORDS: dict[int, int] = {100: 400_000, 1024: 150_000}
@@ -67,6 +74,7 @@ SAMPLE_S = 0.005
 STOP_TIMEOUT_S = 30.0
 TARGET_EOS_ALO = 0.85
 TARGET_EOS_RAW = 0.5
+TARGET_EOS_HAND = 0.9  # issue 33: exactly-once at >= 0.9x the same work by hand without it
 
 
 class BenchError(RuntimeError):
@@ -223,19 +231,21 @@ def records_in(metrics: Metrics) -> int:
     return int(sum(s.value for s in samples))
 
 
-# -- mode raw ----------------------------------------------------------------------------------------------------------
+# -- modes raw and hand ------------------------------------------------------------------------------------------------
 class RawLoop:
-    """consume -> produce the same key/value to the same partition -> async offset commit every interval.
+    """consume -> `work` on the batch (raw: produce the same key/value to the same partition; hand: the App's work by
+    hand, tools/bench/hand.py) -> async offset commit every interval.
 
     `done` counts the records processed, but reaches N only once the producer has flushed the last outputs: the
     KafkaRunner modes flush (alo) or commit (eos) every interval, so raw must not win by leaving its outputs queued.
     """
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, work: hand.HandBatch | None = None) -> None:
         self.run_ = run
         self.count = 0
         self.done = 0
         self._stop = threading.Event()
+        self._work = work or _copy_batch
 
     def stop(self) -> None:
         self._stop.set()
@@ -250,9 +260,10 @@ class RawLoop:
                 "auto.offset.reset": "earliest",
             }
         )
-        producer = Producer(
-            {"bootstrap.servers": r.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
-        )
+        config = hand.producer_config(r.bootstrap)
+        if self._work is _copy_batch:  # raw as it always was: the default partitioner (every record names its own)
+            del config["partitioner"]
+        producer = Producer(config)
         consumer.subscribe([r.input_topic])
         try:
             self._loop(consumer, producer, r.cell.commit_interval_ms / 1000)
@@ -261,15 +272,11 @@ class RawLoop:
             consumer.close()
 
     def _loop(self, consumer: Consumer, producer: Producer, interval_s: float) -> None:
-        topic = self.run_.output_topic
+        topic, work = self.run_.output_topic, self._work
         next_commit, dirty = time.monotonic() + interval_s, False
         while not self._stop.is_set():
             batch = consumer.consume(BATCH, 0.1)
-            for m in batch:
-                if m.error():
-                    raise KafkaException(m.error())
-                _produce(producer, topic, m.value(), m.key(), cast(int, m.partition()))  # a record's partition
-            producer.poll(0)
+            work(batch, producer, topic)
             self.count += len(batch)
             self._update_done(producer)
             dirty = dirty or bool(batch)
@@ -284,23 +291,56 @@ class RawLoop:
         self.done = self.count if self.count >= total else min(self.count, total - 1)
 
 
-def _produce(producer: Producer, topic: str, value: bytes | None, key: bytes | None, partition: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, value, key, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.05)
+def _copy_batch(batch: Sequence[Any], producer: Producer, topic: str) -> None:
+    """raw: every record's key and value to the same partition number."""
+    for m in batch:
+        if m.error():
+            raise KafkaException(m.error())
+        hand.produce_waiting(producer, topic, m.value(), m.key(), cast(int, m.partition()))  # a record's partition
+    producer.poll(0)
 
 
-def run_raw(run: Run, timeout_s: float) -> Result:
-    loop = RawLoop(run)
-    worker = Worker(loop.run, f"raw-{run.run_id}")
+def run_raw(run: Run, timeout_s: float, work: hand.HandBatch | None = None) -> Result:
+    loop = RawLoop(run, work)
+    worker = Worker(loop.run, f"{'hand' if work else 'raw'}-{run.run_id}")
     try:
         return measure(lambda: loop.done, run.cell.records, worker, timeout_s)
     finally:
         loop.stop()
         worker.join(STOP_TIMEOUT_S)
+
+
+def run_hand(run: Run, timeout_s: float) -> Result:
+    return run_raw(run, timeout_s, hand.WORKLOADS[run.cell.workload]())
+
+
+def count_committed(bootstrap: str, topic: str, timeout_s: float) -> int:
+    """Records a read_committed reader sees in the whole topic: the observer of every run."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = list(admin.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
+    ends = high_watermarks(admin, topic, partitions, timeout_s)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}.count",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        return sum(1 for _ in read_to_end(TailReader(consumer, topic, dict.fromkeys(ends, 0), ends), timeout_s))
+    finally:
+        consumer.close()
+
+
+def checked_outputs(run: Run, result: Result, timeout_s: float) -> Result:
+    """The result, failed if the committed outputs are not one per input record."""
+    if result.rate is None:
+        return result
+    outputs = count_committed(run.bootstrap, run.output_topic, timeout_s)
+    if outputs != run.cell.records:
+        return replace(result, rate=None, error=f"{outputs} committed outputs for {run.cell.records} inputs")
+    return result
 
 
 # -- modes alo / eos ---------------------------------------------------------------------------------------------------
@@ -335,9 +375,10 @@ def base_mode(mode: str) -> str:
 
 
 def mode_variants(modes: Sequence[str], producers: Sequence[str]) -> list[str]:
-    """raw once; alo and eos once per PRODUCERS value, interleaved (e.g. raw, alo, eos, alo-per_process, ...)."""
-    runner_modes = [m for m in modes if m != "raw"]
-    variants = ["raw"] if "raw" in modes else []
+    """raw and hand once; alo and eos once per PRODUCERS value, interleaved (raw, hand, alo, eos, alo-per_process,
+    ...)."""
+    runner_modes = [m for m in modes if m not in LOOP_MODES]
+    variants = [m for m in LOOP_MODES if m in modes]
     for p in producers:
         variants += [m if p == PER_PARTITION else m + PER_PROCESS_SUFFIX for m in runner_modes]
     return variants
@@ -346,7 +387,8 @@ def mode_variants(modes: Sequence[str], producers: Sequence[str]) -> list[str]:
 def run_mode(cell: Cell, mode: str, bootstrap: str, timeout_s: float) -> Result:
     run = prepare(cell, mode, bootstrap)
     try:
-        return run_raw(run, timeout_s) if mode == "raw" else run_runner(run, timeout_s)
+        runs = {"raw": run_raw, "hand": run_hand}
+        return checked_outputs(run, runs.get(mode, run_runner)(run, timeout_s), timeout_s)
     except BenchError as e:
         return Result(None, error=str(e))
     finally:
@@ -461,15 +503,15 @@ def _ratio(a: Result, b: Result) -> float | None:
 
 def table(results: Mapping[Cell, Mapping[str, Result]]) -> str:
     header = (
-        "| workload | value size | commit interval | raw rec/s | at_least_once rec/s | exactly_once rec/s "
-        "| eos/alo | eos/raw |"
+        "| workload | value size | commit interval | raw rec/s | hand rec/s | at_least_once rec/s | exactly_once rec/s "
+        "| eos/alo | eos/raw | eos/hand |"
     )
-    rows = [header, "|---|---|---|---:|---:|---:|---:|---:|"]
+    rows = [header, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     not_run = Result(None)
     for cell, by_mode in results.items():
-        raw, alo, eos = (by_mode.get(m, not_run) for m in MODES)
+        raw, by_hand, alo, eos = (by_mode.get(m, not_run) for m in MODES)
         rates = [_rate(by_mode[m].rate) if m in by_mode else "-" for m in MODES]
-        ratios = ["-" if r is None else f"{r:.2f}" for r in (_ratio(eos, alo), _ratio(eos, raw))]
+        ratios = ["-" if r is None else f"{r:.2f}" for r in (_ratio(eos, alo), _ratio(eos, raw), _ratio(eos, by_hand))]
         rows.append(f"| {cell.workload} | {cell.size} | {cell.interval} | " + " | ".join([*rates, *ratios]) + " |")
     return "\n".join(
         [*rows, "", *target_lines(results), *producers_lines(results), *error_lines(results), "", *details(results)]
@@ -489,6 +531,7 @@ def producers_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
                 for name, other in (
                     ("/ per_partition", guarantee),
                     ("/ raw", "raw"),
+                    ("/ hand", "hand"),
                     ("/ alo per_process", "alo" + PER_PROCESS_SUFFIX),
                 )
                 if other != guarantee + PER_PROCESS_SUFFIX
@@ -520,11 +563,16 @@ def details(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
 def target_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
     lines = []
     for cell, by_mode in results.items():
-        if cell.interval != "100ms" or not {"raw", "alo", "eos"} <= set(by_mode):
+        if cell.interval != "100ms" or "eos" not in by_mode:
             continue
-        alo, raw = _ratio(by_mode["eos"], by_mode["alo"]), _ratio(by_mode["eos"], by_mode["raw"])
-        verdict = [_verdict("eos/alo", alo, TARGET_EOS_ALO), _verdict("eos/raw", raw, TARGET_EOS_RAW)]
-        lines.append(f"- target at 100 ms, {cell.label()}: " + ", ".join(verdict))
+        targets = (("alo", TARGET_EOS_ALO), ("raw", TARGET_EOS_RAW), ("hand", TARGET_EOS_HAND))
+        verdict = [
+            _verdict(f"eos/{mode}", _ratio(by_mode["eos"], by_mode[mode]), target)
+            for mode, target in targets
+            if mode in by_mode
+        ]
+        if verdict:
+            lines.append(f"- target at 100 ms, {cell.label()}: " + ", ".join(verdict))
     return lines
 
 
@@ -636,8 +684,14 @@ def run_matrix(
 
 
 def overhead_table(results: Sequence[overhead.Overhead]) -> str:
-    lines = ["| workload | records | framework cost per record (best of 5, no broker) |", "|---|---:|---:|"]
-    lines += [f"| {r.app} | {r.records:,} | {r.us_per_record:.2f} us |" for r in results]
+    lines = [
+        "| workload | records | ours: CPU us per record | the same work by hand | hand / ours |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r.app} | {r.records:,} | {r.us_per_record:.2f} | {r.hand_us_per_record:.2f} | {r.ratio:.2f} |"
+        for r in results
+    ]
     return "\n".join(lines)
 
 
@@ -660,7 +714,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.overhead:
         print(
             overhead_table(
-                [overhead.measure(WORKLOADS[w], args.records or 100_000) for w in WORKLOADS if w in chosen["workload"]]
+                [
+                    overhead.measure(WORKLOADS[w], args.records or 100_000, workload=w)
+                    for w in WORKLOADS
+                    if w in chosen["workload"]
+                ]
             )
         )
         return 0

@@ -31,11 +31,11 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from pipeline.app import DEAD_LETTERS, App, Output, Record, checked_outputs
+from pipeline.app import App, Output, Record, checked_outputs
 from pipeline.core.deadletter import DeadLetter, held_dead_letter
 from pipeline.core.lifecycle import Phase
 from pipeline.core.processing import Attempts, record_from_message, where
-from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.core.provenance import SOURCE_FORMAT, SOURCE_HEADER
 from pipeline.core.schedule import Schedule
 from pipeline.core.task import Task
 from pipeline.core.timers import TimerFiring
@@ -47,11 +47,10 @@ from pipeline.serde import (
     RegistryPending,
     RegistryUnavailable,
     background_registry_lookups,
-    identity,
-    skip_bytes_deserialize,
-    skip_bytes_serialize,
 )
 from pipeline.settings import Settings
+from pipeline.sinks.kafka.hot import RUNNING, HotPath, encoder, new_record
+from pipeline.sinks.kafka.hot import Encoded as Encoded  # what MultiInputTask produces
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
@@ -68,15 +67,14 @@ def registry_backoff(settings: Settings) -> Backoff:
     return Backoff(settings.processing_backoff_ms / 1000, 2.0, REGISTRY_BACKOFF_MAX_S)
 
 
+# confluent-kafka's produce as the hot loop calls it, positionally; an alias: `Callable[...]` in a cast is built anew at
+# every call, a batch of a partition each.
+Produce = Callable[..., None]
 RegistryWait = float | threading.Event  # until when (time.monotonic()), or until the look-up answers
 
 
 def registry_wait_over(until: RegistryWait, now: float) -> bool:
     return until.is_set() if isinstance(until, threading.Event) else until <= now
-
-
-# An output as the producer takes it: (topic, key bytes, value bytes, partition or -1, headers).
-Encoded = tuple[str, Any, Any, int, Any]
 
 
 @dataclass(frozen=True)
@@ -119,6 +117,7 @@ class KafkaTask(Task):
         self.changelog_end: int | None = None
         self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
         self._encode = self._encoder()  # Output -> produce arguments, built once
+        self._hot = HotPath.of(ctx.app, self._encode)
         self._registry_failures = 0  # schema registry faults in a row (the back-off grows with them)
         # Timers and TTL (docs/guarantees.md: timers-exactly-once): None for an App without them, so the hot loop
         # pays one test per record.
@@ -161,6 +160,9 @@ class KafkaTask(Task):
     def process(self, messages: list[Consumed]) -> None:
         """Processes a batch of p's records; a registry look-up they need runs in the background meanwhile (p waits
         for its answer, paused: RegistryPending), so that the loop never waits on the registry's HTTP."""
+        if self._timers is not None and self._timers.held:  # fetched while a burst of timers fires: held too
+            self._timers.held.extend(messages)
+            return
         background = background_registry_lookups.set(True)
         try:
             self._process(messages)
@@ -168,40 +170,41 @@ class KafkaTask(Task):
             background_registry_lookups.reset(background)
 
     def _process(self, messages: list[Consumed]) -> None:
-        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, lookups hoisted,
-        identity serdes skipped, outputs produced straight away (BufferError takes the slow path)."""
-        if self._timers is not None and self._timers.held:  # fetched while a burst of timers fires: held too
-            self._timers.held.extend(messages)
-            return
+        """Processes a batch of p's records into the open transaction. The hot path: one tight loop, App.decode inlined
+        (a retry decodes through it) with lookups hoisted once per task (HotPath), outputs produced straight away."""
         app, state, partition, timers = self.app, self.state, self.partition, self._timers
-        stream = app.streams[0]  # its serdes, not the App's: App(inputs=[Stream(t, BYTES, BYTES)]) has one input too
-        name = stream.name  # record.topic: the input as the App declares it (TOPIC_SUFFIX may rename it)
+        name, decode_key, decode_value, twin_failed, encode = self._hot
         timed = cast(TimedState, state)  # what it is whenever `timers` is not None (App.timed)
-        decode_key, decode_value = skip_bytes_deserialize(stream.key_serde), skip_bytes_deserialize(stream.value_serde)
-        encode, user_process, stateful, produce = self._encode, app.process, app.stateful, self.producer.produce
+        user_process, begin_record = app.process, state.begin_record if app.stateful else None
+        produce = cast(Produce, self.producer.produce)  # (topic, value, key, partition, _, _, 0, headers)
         processed = produced = 0
+        position, opened, running = -1 if self.next_offset is None else self.next_offset, self.batch_open, RUNNING
         for msg in messages:
-            if self._phase is not Phase.RUNNING:
+            if self._phase is not running:
                 break  # the rest is fetched again after the rewind
             offset = msg.offset()
-            if self.next_offset is not None and offset < self.next_offset:
-                continue  # fetched before a rewind took effect
-            if not self.batch_open:
-                self._begin()
+            if offset < position:  # fetched before a rewind took effect (offsets grow: such records come first)
+                continue
+            if not opened:
+                self._begin()  # the first record since the commit: p joins the transaction
+                opened = True
             if timers is not None and not timers.before_record(timed, offset, msg.timestamp()[1]):
                 timers.hold(messages[messages.index(msg) :])  # more are due than fire in one turn: p waits
                 break
-            if stateful:
-                state.begin_record()
+            if begin_record is not None:
+                begin_record()
             outputs: list[Encoded] | None
             try:
-                # App.decode, inlined: calling it costs two identity deserializers per record for bytes serdes
-                # (copier ~8 % slower, measured); a retry (pipeline/core/processing.py) decodes through App.decode.
-                key = msg.key() if decode_key is None else decode_key(msg.key())
-                value = msg.value() if decode_value is None else decode_value(msg.value())
-                record = Record(key, value, name, partition, offset, msg.timestamp()[1], msg.headers() or ())
+                key, value = msg.key(), msg.value()
+                try:
+                    key = key if decode_key is None else decode_key(key)
+                    value = value if decode_value is None else decode_value(value)
+                    fields = (key, value, name, partition, offset, msg.timestamp()[1], msg.headers() or ())
+                    record = new_record(Record, fields)  # Record(*fields) without its Python __new__
+                except twin_failed:  # a C twin refused: the serdes' own calls give their value or their error
+                    record = record_from_message(app, msg)
                 # Encoded in full before the first produce: a failure half-way must leave nothing in the transaction.
-                outputs = [encode(o) for o in user_process(state, record)]
+                outputs = list(map(encode, user_process(state, record)))
             except Exception as error:  # from decoding or from user code: poison until proven otherwise
                 try:
                     outputs = self._retry(msg, error)
@@ -209,11 +212,11 @@ class KafkaTask(Task):
                     self._wait_for_registry(msg, unavailable, processed)
                     break
             if outputs:
-                source = (SOURCE_HEADER, encode_source(partition, offset))
+                only_source = [source := (SOURCE_HEADER, SOURCE_FORMAT % (partition, offset))]  # produce copies it
                 for topic, out_key, out_value, out_partition, headers in outputs:
-                    headers = [*headers, source] if headers else [source]
-                    try:
-                        produce(topic, out_value, out_key, partition=out_partition, headers=headers)
+                    headers = [*headers, source] if headers else only_source
+                    try:  # positional: keywords cost confluent-kafka ~0.4 us a call (measured)
+                        produce(topic, out_value, out_key, out_partition, None, None, 0, headers)
                     except BufferError:
                         self._produce(topic, out_key, out_value, out_partition, headers)
                     except KafkaException as e:
@@ -279,27 +282,7 @@ class KafkaTask(Task):
     def _encoder(self) -> Callable[[Output], Encoded]:
         """Output -> (topic, key bytes, value bytes, partition or -1, headers); an output that dead-letters a held
         record (app.dead_letter) -> the dead letter."""
-        app, output_topic, held = self.app, self.ctx.output_topic, self._held_dead_letter
-        encode_key = skip_bytes_serialize(app.output_key_serde)
-        encode_value = skip_bytes_serialize(app.output_value_serde)
-        if encode_key is None and encode_value is None:
-            return lambda o: (
-                held(o)
-                if o.topic is DEAD_LETTERS
-                else (o.topic or output_topic, o.key, o.value, -1 if o.partition is None else o.partition, o.headers)
-            )
-        key_of, value_of = encode_key or identity, encode_value or identity
-        return lambda o: (
-            held(o)
-            if o.topic is DEAD_LETTERS
-            else (
-                o.topic or output_topic,
-                key_of(o.key),
-                value_of(o.value),
-                -1 if o.partition is None else o.partition,
-                o.headers,
-            )
-        )
+        return encoder(self.app, self.ctx.output_topic, self._held_dead_letter)
 
     def _held_dead_letter(self, output: Output) -> Encoded:
         """The dead letter of a record `process` held earlier (app.dead_letter): its bytes as its input's serdes

@@ -53,13 +53,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import orjson
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline import settings as settings_module
 from pipeline.core.lifecycle import Phase
 from pipeline.examples import running_totals
-from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
+from pipeline.kafka.offsets import high_watermarks
 from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.state.changelog import changelog_topic
 from pipeline.testing.inputs import ProducedRecord, create_topics, produce
@@ -136,25 +136,6 @@ def cleanup(bootstrap: str, run_id: str, timeout_s: float = 30.0) -> None:
     shutil.rmtree(RUN_DIR / run_id, ignore_errors=True)
 
 
-def count_committed(bootstrap: str, topic: str, timeout_s: float) -> int:
-    """Records a read_committed reader sees in the whole topic."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    partitions = list(admin.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
-    ends = high_watermarks(admin, topic, partitions, timeout_s)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"{topic}.count",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        return sum(1 for _ in read_to_end(TailReader(consumer, topic, dict.fromkeys(ends, 0), ends), timeout_s))
-    finally:
-        consumer.close()
-
-
 def quix_command(opts: Options, mode: str, run_id: str, input_topic: str, output_topic: str, *extra: str) -> list[str]:
     return [
         opts.quix_python,
@@ -210,7 +191,7 @@ def run_mode(mode: Mode, records: int, opts: Options) -> bench.Result:
             out = run_quix_script(command, run.run_id, opts.timeout_s + 90)
             result = bench.Result(out.get("rate"), out.get("seconds", 0.0), out.get("error", ""))
         if result.rate is not None:
-            outputs = count_committed(opts.bootstrap, run.output_topic, opts.timeout_s)
+            outputs = bench.count_committed(opts.bootstrap, run.output_topic, opts.timeout_s)
             if outputs != records:
                 result = replace(result, error=f"{outputs} committed outputs for {records} inputs")
         return result
