@@ -55,6 +55,7 @@ from pipeline.sinks.kafka.transaction import (
 )
 from pipeline.state.changelog import changelog_topic
 from pipeline.state.global_tables import PendingTargets
+from pipeline.state.local_stores import local_stores
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
@@ -80,6 +81,7 @@ class KafkaRunner(TakeOver, PollLoop):
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self.admin = AdminClient(client_config(settings))
+        self.local_stores = local_stores(app, settings, self.app_id)  # STATE_STORE=disk; STATE_DIR locked here
         self.restores = RestoreManager(
             settings,
             self.changelog_topic,
@@ -89,6 +91,7 @@ class KafkaRunner(TakeOver, PollLoop):
             lambda: AdminClient(client_config(settings)),
             self.admin,
             app.table_specs,
+            self.local_stores,
         )
         self.global_tables = self._global_tables() if app.global_tables else None
         self._awaiting_globals: dict[int, tuple[PendingTargets, ChangelogRestore | None]] = {}
@@ -214,6 +217,8 @@ class KafkaRunner(TakeOver, PollLoop):
             if reader is not None:
                 reader.close()
         self._commit_pool.shutdown()
+        if self.local_stores is not None:
+            self.local_stores.close()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
