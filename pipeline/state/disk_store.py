@@ -378,6 +378,9 @@ class DiskPartitionState(DiskBacked):
 
 
 class _DiskTimed(DiskBacked, TimedState):
+    def __len__(self) -> int:
+        return TimedState.__len__(self)  # the user's keys only, a scan (reserved keys are not counted apart)
+
     def load(self, entries: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None]) -> None:
         DiskBacked.load(self, entries)
         self._reindex()
