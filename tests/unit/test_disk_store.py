@@ -20,7 +20,8 @@ from pipeline.state.local_stores import LocalStores, lock_directory
 MEMORY = StoreMemory(8, 8)
 CHECKPOINT = Checkpoint("in", 0, 42)
 LOCK_IT = (  # a second process taking the lock
-    "import pathlib, sys\nfrom pipeline.state.local_stores import lock_directory\nlock_directory(pathlib.Path(sys.argv[1]))"
+    "import pathlib, sys\nfrom pipeline.state.local_stores import lock_directory\n"
+    "lock_directory(pathlib.Path(sys.argv[1]))"
 )
 
 
