@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import IO
 
+from prometheus_client import CollectorRegistry, Gauge
+
 from pipeline.app import App
 from pipeline.serde import Serde
 from pipeline.settings import ConfigError, Settings
@@ -30,7 +32,7 @@ LOCK_FILE = ".lock"
 
 
 class LocalStores:
-    def __init__(self, settings: Settings, app_id: str) -> None:
+    def __init__(self, settings: Settings, app_id: str, registry: CollectorRegistry | None = None) -> None:
         self.root = Path(settings.state_dir)
         self.directory = self.root / app_id
         self._lock = lock_directory(self.root)
@@ -38,6 +40,7 @@ class LocalStores:
         self.memory = StoreMemory(settings.state_block_cache_mb, settings.state_write_buffer_mb)
         self.stores: dict[int, DiskStore] = {}
         self._kill_at = settings.test_kill_before_state_write
+        self._gauges = StoreGauges(registry or CollectorRegistry(), self.root)
 
     def store(self, p: int) -> DiskStore:
         """p's store, opened once per process (kept open when p leaves: it may come back)."""
@@ -47,6 +50,11 @@ class LocalStores:
         return store
 
     def _open(self, path: Path) -> DiskStore:
+        store = self._open_or_wipe(path)
+        store.observer = self._gauges.observe
+        return store
+
+    def _open_or_wipe(self, path: Path) -> DiskStore:
         try:
             return DiskStore(path, self.memory, self._kill_at)
         except Exception as e:  # rocksdict raises a bare Exception: Corruption, IO error (a file missing), ...
@@ -74,7 +82,51 @@ class LocalStores:
         self._lock.close()
 
 
-def local_stores(app: App, settings: Settings, app_id: str) -> LocalStores | None:
+class StoreGauges:
+    """The disk stores' Prometheus metrics, per partition, set after each of its writes."""
+
+    def __init__(self, registry: CollectorRegistry, root: Path) -> None:
+        self.root = root
+        labels = ["partition"]
+        self.disk = Gauge(
+            "pipeline_state_disk_bytes",
+            "Disk taken by a partition's state store (STATE_STORE=disk)",
+            labels,
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
+        self.keys = Gauge(
+            "pipeline_state_keys",
+            "Keys in a partition's disk state store",
+            labels,
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
+        self.checkpoint = Gauge(
+            "pipeline_state_local_checkpoint",
+            "The changelog offset a partition's disk state store covers up to (-1: none; a restart reads from it)",
+            labels,
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
+        self.free = Gauge(
+            "pipeline_state_disk_free_bytes",
+            "Free space where STATE_DIR is",
+            registry=registry,
+            multiprocess_mode="liveall",
+        )
+
+    def observe(self, store: DiskStore) -> None:
+        label = store.path.name.removeprefix("p")
+        self.disk.labels(label).set(store.disk_bytes())
+        self.keys.labels(label).set(store.count)
+        self.checkpoint.labels(label).set(-1 if store.position is None else store.position)
+        self.free.set(shutil.disk_usage(self.root).free)
+
+
+def local_stores(
+    app: App, settings: Settings, app_id: str, registry: CollectorRegistry | None = None
+) -> LocalStores | None:
     """The process's disk stores with STATE_STORE=disk (a stateful App); None otherwise. What the disk store does not
     carry yet fails here, at start-up, with the setting to change."""
     if settings.state_store != "disk" or not app.stateful:
@@ -84,7 +136,7 @@ def local_stores(app: App, settings: Settings, app_id: str) -> LocalStores | Non
             f"STATE_STORE=disk does not migrate state versions yet (the App's state_version is {app.state_version}): "
             "run it with STATE_STORE=memory"
         )
-    return LocalStores(settings, app_id)
+    return LocalStores(settings, app_id, registry)
 
 
 def lock_directory(root: Path) -> IO[str]:

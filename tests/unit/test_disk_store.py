@@ -10,11 +10,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client import CollectorRegistry
 
 from pipeline.serde import JSON
 from pipeline.settings import ConfigError, Settings
 from pipeline.state.changelog import Checkpoint
-from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreMemory
+from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreFull, StoreMemory
 from pipeline.state.local_stores import LocalStores, lock_directory
 
 MEMORY = StoreMemory(8, 8)
@@ -128,3 +129,37 @@ def test_a_second_process_on_the_same_state_dir_fails_naming_it(tmp_path: Path) 
 def test_a_bad_state_store_setting_fails_at_start_up_naming_it(settings: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings(**settings)  # type: ignore[arg-type]
+
+
+def test_a_disk_that_refuses_the_batch_stops_the_partition_at_its_next_record_naming_the_directory(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "p0", MEMORY)
+    state = DiskPartitionState(store, JSON)
+    committed(state, {"a": 1}, position=10)
+
+    class FullDisk:  # RocksDB's answer when the disk is full
+        def __getattr__(self, name: str) -> object:
+            return getattr(db, name)
+
+        def write(self, batch: object) -> None:
+            raise Exception("IO error: No space left on device: While appending to file: 000004.log")
+
+    db, store.db = store.db, FullDisk()  # type: ignore[assignment]
+    committed(state, {"a": 2}, position=20)  # the sink committed; the disk batch fails, nothing raised here
+    store.db = db
+    assert on_disk(store) == {"a": 1} and store.position == 10  # behind, which the changelog makes safe
+    with pytest.raises(StoreFull, match=f"the disk state store in {tmp_path / 'p0'} cannot be written"):
+        state.begin_record()
+
+
+def test_the_store_metrics_follow_its_writes(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    stores = LocalStores(Settings(state_store="disk", state_dir=str(tmp_path)), "app", registry)
+    state, _ = stores.base(2, JSON)
+    committed(state, {"a": 1, "b": 2}, position=33)
+    assert registry.get_sample_value("pipeline_state_keys", {"partition": "2"}) == 2
+    assert registry.get_sample_value("pipeline_state_local_checkpoint", {"partition": "2"}) == 33
+    assert (registry.get_sample_value("pipeline_state_disk_bytes", {"partition": "2"}) or 0) > 0
+    assert (registry.get_sample_value("pipeline_state_disk_free_bytes") or 0) > 0
+    stores.close()

@@ -54,6 +54,7 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
+from pipeline.state.disk_store import StoreFull
 from pipeline.state.global_tables import PendingTargets
 from pipeline.state.local_stores import local_stores
 from pipeline.state.restore import ChangelogRestore
@@ -81,7 +82,7 @@ class KafkaRunner(TakeOver, PollLoop):
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self.admin = AdminClient(client_config(settings))
-        self.local_stores = local_stores(app, settings, self.app_id)  # STATE_STORE=disk; STATE_DIR locked here
+        self.local_stores = local_stores(app, settings, self.app_id, self.metrics.registry)  # STATE_STORE=disk
         self.restores = RestoreManager(
             settings,
             self.changelog_topic,
@@ -302,6 +303,10 @@ class KafkaRunner(TakeOver, PollLoop):
             self._drop(task.txn, str(e))
         except PoisonRecordStop as e:
             self._commit_then_stop(task, e)
+        except StoreFull as e:  # STATE_STORE=disk: p stops (its disk is behind, which the changelog makes safe)
+            stop = PoisonRecordStop(str(e))
+            stop.fix = e.fix
+            self._commit_then_stop(task, stop)
 
     def _commit_then_stop(self, task: KafkaTask, error: PoisonRecordStop) -> None:
         self._commit(task.txn)  # what came before the poison record (or the deleted ones) is good: keep it
