@@ -99,12 +99,12 @@ def throughput_one(bootstrap: str, store: str, keys: int) -> dict[str, float]:
 
 
 # -- rss -------------------------------------------------------------------------------------------------------------
-def rss(keys: int, block_cache_mb: int, write_buffer_mb: int) -> dict[str, float]:
+def rss(keys: int, updates: int, block_cache_mb: int, write_buffer_mb: int) -> dict[str, float]:
     path = Path(tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR")))
     report = {"keys": keys, "rss_start_mb": rss_mb()}
     store = DiskStore(path / "p0", StoreMemory(block_cache_mb, write_buffer_mb))
     state = DiskPartitionState(store, JSON)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     batch: dict[str, bytes | None] = {}
     for i in range(keys):
         batch[f"account-{i:08d}"] = b"[1,%d]" % i
@@ -112,16 +112,18 @@ def rss(keys: int, block_cache_mb: int, write_buffer_mb: int) -> dict[str, float
             state.load(batch)
             batch = {}
     state.load(batch)
-    report |= {"load_s": time.monotonic() - started, "rss_after_load_mb": rss_mb()}
-    rng, started = random.Random(1), time.monotonic()
-    for txn in range(200_000):
+    report |= {"load_s": time.monotonic() - started, "load_cpu_s": time.process_time() - cpu}
+    report |= {"rss_after_load_mb": rss_mb()}
+    rng, started, cpu = random.Random(1), time.monotonic(), time.process_time()
+    for txn in range(updates // 5):
         for _ in range(5):
             state.begin_record()
             key = f"account-{rng.randrange(keys):08d}"
             count, total = state.get(key, [0, 0])
             state[key] = [count + 1, total + txn]
         state.commit()
-    report |= {"updates_per_s": 1_000_000 / (time.monotonic() - started), "rss_after_updates_mb": rss_mb()}
+    report |= {"updates_s": time.monotonic() - started, "updates_cpu_s": time.process_time() - cpu}
+    report |= {"rss_after_updates_mb": rss_mb()}
     report |= {"peak_rss_mb": peak_mb(), "disk_mb": store.disk_bytes() / 1e6, "count": store.count}
     store.close()
     shutil.rmtree(path, ignore_errors=True)
@@ -183,13 +185,14 @@ def main() -> None:
     parser.add_argument("what", choices=["throughput", "rss", "restart"])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--stores", default="memory,disk")
+    parser.add_argument("--updates", type=int, default=100_000)
     parser.add_argument("--block-cache-mb", type=int, default=64)
     parser.add_argument("--write-buffer-mb", type=int, default=32)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.what == "rss":
-        print(json.dumps(rss(args.keys, args.block_cache_mb, args.write_buffer_mb)))
+        print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb)))
         return
     if args.one:  # a fresh process per store: its peak RSS is its own
         run = throughput_one if args.what == "throughput" else restart
