@@ -283,6 +283,11 @@ class DiskWallTtlState(_DiskTimed, WallTtlState):
     pass
 
 
+def disk_failed(state: PartitionState) -> StoreFull | None:
+    """The disk batch a disk store could not write (its partition must stop); None for any other state."""
+    return state.failed if isinstance(state, DiskBacked) else None
+
+
 def note_committed(state: PartitionState, txn: int, delivered: tuple[int, int, Checkpoint] | None) -> None:
     """The sink committed transaction number `txn` of a task (KafkaTask.committed): a disk store learns the changelog
     offset its batch reaches (DiskBacked.reached); a memory store has nothing to do."""

@@ -54,7 +54,7 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
-from pipeline.state.disk_store import StoreFull
+from pipeline.state.disk_store import StoreFull, disk_failed
 from pipeline.state.global_tables import PendingTargets
 from pipeline.state.local_stores import local_stores
 from pipeline.state.restore import ChangelogRestore
@@ -268,6 +268,9 @@ class KafkaRunner(TakeOver, PollLoop):
             self._commit(txns[0])
         elif txns:
             list(self._commit_pool.map(self._commit, txns))
+        if self.local_stores is not None:  # STATE_STORE=disk: a batch the disk refused stops its partition now
+            for task in [t for t in self.tasks.values() if t.phase is Phase.RUNNING and disk_failed(t.state)]:
+                self._disk_full(task, StoreFull(str(disk_failed(task.state))))
 
     def _commit(self, txn: Transaction) -> None:
         """commit_transaction, and what its failure means for the tasks in it."""
@@ -304,9 +307,12 @@ class KafkaRunner(TakeOver, PollLoop):
         except PoisonRecordStop as e:
             self._commit_then_stop(task, e)
         except StoreFull as e:  # STATE_STORE=disk: p stops (its disk is behind, which the changelog makes safe)
-            stop = PoisonRecordStop(str(e))
-            stop.fix = e.fix
-            self._commit_then_stop(task, stop)
+            self._disk_full(task, e)
+
+    def _disk_full(self, task: KafkaTask, error: StoreFull) -> None:
+        stop = PoisonRecordStop(str(error))
+        stop.fix = error.fix
+        self._commit_then_stop(task, stop)
 
     def _commit_then_stop(self, task: KafkaTask, error: PoisonRecordStop) -> None:
         self._commit(task.txn)  # what came before the poison record (or the deleted ones) is good: keep it
