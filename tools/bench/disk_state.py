@@ -199,7 +199,7 @@ def main() -> None:
         print(json.dumps({"store": args.one, **run(args.bootstrap_servers, args.one, args.keys)}))
         return
     for store in args.stores.split(","):
-        subprocess.run([*sys.argv, "--one", store], check=True)
+        subprocess.run([sys.executable, "-m", "tools.bench.disk_state", *sys.argv[1:], "--one", store], check=True)
 
 
 if __name__ == "__main__":
