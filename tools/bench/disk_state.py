@@ -29,16 +29,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline import settings as settings_module
 from pipeline.examples.running_totals import app as totals
 from pipeline.serde import JSON
-from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreMemory
 from pipeline.testing import inputs
 from pipeline.testing.harness import wait_caught_up
@@ -68,34 +65,6 @@ def fresh_topics(bootstrap: str) -> tuple[object, str]:
     app = totals.with_topics(f"disk-in-{suffix}", f"disk-out-{suffix}")
     inputs.create_topics(bootstrap, {app.input_topic: PARTITIONS, app.output_topic: PARTITIONS})
     return app, f"disk-bench-{suffix}"
-
-
-# -- throughput ------------------------------------------------------------------------------------------------------
-def throughput_one(bootstrap: str, store: str, keys: int) -> dict[str, float]:
-    app, app_id = fresh_topics(bootstrap)
-    inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=600)  # type: ignore[attr-defined]
-    state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
-    settings = settings_module.load(
-        env={}, bootstrap_servers=bootstrap, app_id=app_id, state_store=store, state_dir=state_dir
-    )
-    runner = KafkaRunner(app, settings)  # type: ignore[arg-type]
-    thread = threading.Thread(target=runner.run, daemon=True)
-    thread.start()
-    first = done = 0.0
-    while True:
-        samples = [s for metric in runner.metrics.records_in.collect() for s in metric.samples]
-        processed = sum(s.value for s in samples if s.name.endswith("_total"))
-        now = time.monotonic()
-        if processed and not first:
-            first, base = now, processed
-        if processed >= keys:
-            done = now
-            break
-        time.sleep(0.05)
-    runner.stop()
-    thread.join(60)
-    shutil.rmtree(state_dir, ignore_errors=True)
-    return {"records_per_s": (keys - base) / (done - first), "peak_rss_mb": peak_mb()}
 
 
 # -- rss -------------------------------------------------------------------------------------------------------------
@@ -148,9 +117,14 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
     }
     command = [sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals:app"]
     log_path = Path(state_dir) / "first.log"
+    first_started = time.time()
     with open(log_path, "wb") as log:
         first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 1800)  # type: ignore[attr-defined]
+    first_text = log_path.read_text()
+    first_restored = max(_log_time(line) for line in first_text.splitlines() if " restored: " in line)
+    processing_s = time.time() - first_restored  # from its partitions ready to every record committed
+    first_cpu = _cpu_seconds(first.pid)
     first.send_signal(signal.SIGKILL)
     first.wait()
     inputs.produce(bootstrap, app.input_topic, accounts(1_000, keys), partitions=PARTITIONS)  # type: ignore[attr-defined]
@@ -167,11 +141,20 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
     assigned = [_log_time(line) for line in text.splitlines() if " assigned [" in line]
     shutil.rmtree(state_dir, ignore_errors=True)
     return {
+        "first_run_records_per_s": keys / processing_s,
+        "first_run_cpu_s": first_cpu,
+        "first_run_wall_s": time.time() - first_started,
         "start_to_assigned_s": min(assigned) - started,
         "start_to_restored_s": max(restored) - started,
         "assigned_to_restored_s": max(restored) - min(assigned),
         "start_to_caught_up_s": caught_up,
     }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (/proc: the machine may be loaded, CPU is not)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _log_time(line: str) -> float:
@@ -182,7 +165,7 @@ def _log_time(line: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["throughput", "rss", "restart"])
+    parser.add_argument("what", choices=["rss", "restart"])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--stores", default="memory,disk")
     parser.add_argument("--updates", type=int, default=100_000)
@@ -194,9 +177,8 @@ def main() -> None:
     if args.what == "rss":
         print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb)))
         return
-    if args.one:  # a fresh process per store: its peak RSS is its own
-        run = throughput_one if args.what == "throughput" else restart
-        print(json.dumps({"store": args.one, **run(args.bootstrap_servers, args.one, args.keys)}))
+    if args.one:
+        print(json.dumps({"store": args.one, **restart(args.bootstrap_servers, args.one, args.keys)}))
         return
     for store in args.stores.split(","):
         subprocess.run([sys.executable, "-m", "tools.bench.disk_state", *sys.argv[1:], "--one", store], check=True)
