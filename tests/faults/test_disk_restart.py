@@ -42,7 +42,7 @@ def kill_after_commits(instance: Instance, seconds: float = 3.0) -> None:
 
 def test_a_crash_between_the_kafka_commit_and_the_disk_batch_restarts_from_the_older_local_checkpoint(fault_run):
     run = disk_run(fault_run, test_kill_before_state_write="3")
-    run.feed(totals_input(20_000, seed=1), seconds=10)
+    run.feed(totals_input(20_000, seed=1), seconds=30)  # input still flowing after a slow start: several commits
     fleet = run.start(1)
     victim = fleet.instances[0]
     victim.process.wait(120)  # it kills itself after its 3rd commit of a partition, before that commit's disk batch
