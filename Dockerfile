@@ -80,6 +80,10 @@ COPY requirements/service.txt /src/requirements.txt
 RUN pip install --require-hashes -r /src/requirements.txt
 COPY --from=source /src /src
 RUN pip install --no-deps /src && rm -rf /src
+# STATE_STORE=disk keeps each partition's state here (RocksDB, the [disk] extra is in service.txt): mount a volume of
+# its own per instance (docker-compose.yml, the StatefulSet's volumeClaimTemplates); one process per directory.
+RUN mkdir -p /var/lib/pipeline/state && chown 10001:10001 /var/lib/pipeline/state
+ENV PIPELINE_STATE_DIR=/var/lib/pipeline/state
 USER 10001:10001
 WORKDIR /home/pipeline
 # METRICS_PORT used by docker-compose.yml and deploy/kubernetes (/metrics, /ready, /live); the default 0 serves none.

@@ -17,7 +17,7 @@ LOCK_ARGS = --quiet --universal --python-version 3.11 --generate-hashes --custom
 	$(if $(UPGRADE),--upgrade)
 lock: setup
 	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra dev -o requirements/dev.txt
-	$(UV) pip compile $(LOCK_ARGS) pyproject.toml -c requirements/dev.txt -o requirements/service.txt
+	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra disk -c requirements/dev.txt -o requirements/service.txt
 	$(UV) pip compile $(LOCK_ARGS) pyproject.toml --extra spark -c requirements/dev.txt -o requirements/compaction.txt
 	$(UV) pip compile $(LOCK_ARGS) requirements/airflow.in -o requirements/airflow.txt
 

@@ -136,6 +136,13 @@ class Settings:
     schema_registry_url: str = ""
     schema_registry_user_info: str = ""
     schema_registry_timeout_ms: int = 5_000
+    # A partition's state (pipeline/state/disk_store.py): "memory" (a dict) or "disk" (RocksDB under STATE_DIR, the
+    # [disk] extra), its memory bounded by a block cache and write buffers that all its partitions share.
+    state_store: str = "memory"
+    state_dir: str = ""
+    state_block_cache_mb: int = 64
+    state_write_buffer_mb: int = 32
+    test_kill_before_state_write: int = 0  # testing only: SIGKILL before the n-th commit's disk batch (0: never)
     kafka: Mapping[str, str] = field(default_factory=dict)  # values of secret-looking names kept as Secrets
 
     def __post_init__(self) -> None:
@@ -261,6 +268,7 @@ def validate(s: Settings) -> None:
 
 def _validate_failover(s: Settings) -> None:
     """The watchdogs: FAILURE_DETECTION_MS and LIVE_TIMEOUT_MS (issue 22), STALL_WARNING_MS; STANDBY_REPLICAS."""
+    _validate_state_store(s)
     require(
         0 <= s.standby_replicas <= 8,
         f"STANDBY_REPLICAS={s.standby_replicas} must be from 0 (none) to 8: each copy holds another member's whole "
@@ -291,6 +299,15 @@ def _validate_queries(s: Settings) -> None:
         s.query_partitioner in ("murmur2", "crc32"), f"QUERY_PARTITIONER: murmur2 or crc32, not {s.query_partitioner!r}"
     )
     require(s.query_wait_ms >= 0, f"QUERY_WAIT_MS must not be negative, not {s.query_wait_ms}")
+
+
+def _validate_state_store(s: Settings) -> None:
+    require(s.state_store in ("memory", "disk"), f"STATE_STORE must be memory or disk, not {s.state_store!r}")
+    disk = s.state_store == "disk"
+    require(not disk or bool(s.state_dir), "STATE_STORE=disk needs STATE_DIR, the directory its stores live in")
+    require(not disk or s.sink == "kafka", "STATE_STORE=disk is for SINK=kafka (PostgreSQL keeps that sink's state)")
+    require(not disk or not s.standby_replicas, "STATE_STORE=disk keeps no standby copies yet: STANDBY_REPLICAS=0")
+    require(min(s.state_block_cache_mb, s.state_write_buffer_mb) > 0, "STATE_*_MB must be positive")
 
 
 def validate_registry(s: Settings) -> None:

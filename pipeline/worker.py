@@ -35,7 +35,10 @@ def main(argv: list[str]) -> int:
     # this worker's file until it exits, and the partition's next owner's value, more recent, is the one shown.
     warnings.filterwarnings("ignore", message="Removal of labels has not been implemented")
     try:
-        return run_service(load_app(spec.app), spec.settings, stop_requested)
+        settings = spec.settings
+        if settings.state_dir:  # one process per state directory (pipeline/state/local_stores.py): STATE_DIR/w<slot>
+            settings = settings.with_overrides(state_dir=os.path.join(settings.state_dir, f"w{spec.slot}"))
+        return run_service(load_app(spec.app), settings, stop_requested)
     except AppPathError as e:
         print(f"pipeline run: {e}", file=sys.stderr)
     except ConfigError as e:

@@ -1,6 +1,10 @@
 """A partition's state and how it survives: the in-memory store, its changelog, full snapshots and restore.
 
 store.py            PartitionState: values kept encoded, undo logs per record and per transaction
+disk_store.py       STATE_STORE=disk: the same contract with the committed state in RocksDB, the open transaction's
+                    writes held in memory and written in one batch after the sink's commit (KIP-892)
+rocks.py            one partition's RocksDB and its bookkeeping (local checkpoint, key count), the shared memory
+local_stores.py     a process's disk stores: STATE_DIR locked, what a restore of p starts from, their metrics
 changelog.py        the changelog record format (state changes + one checkpoint per transaction)
 snapshot_format.py  full snapshots: chunks + one manifest, and ChunkSet, the one chunk verifier (the restore and
                     the Spark job in snapshots/ both use it)

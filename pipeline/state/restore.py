@@ -39,6 +39,7 @@ from pipeline.kafka.records import Consumed
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint
 from pipeline.state.changelog_apply import apply_changelog
+from pipeline.state.disk_store import DiskBacked
 from pipeline.state.restore_checks import RestoreError, truncated, verify_checkpoint
 from pipeline.state.restore_setup import StandbyCopy, ask_bounds, warm_metadata
 from pipeline.state.snapshot_finder import ChunkLoad, InvalidSnapshot, ManifestScan, precheck
@@ -194,6 +195,9 @@ class ChangelogRestore:
         self._begin()
 
     def _clear_state(self) -> None:
+        if isinstance(self.state, DiskBacked):  # a disk store is wiped whole, its local checkpoint with it
+            self.state.clear_all()
+            return
         self.state.load((key, None) for key in list(self.state))
 
     # -- the steps -----------------------------------------------------------------------------------------------

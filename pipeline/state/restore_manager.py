@@ -17,6 +17,8 @@ from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.serde import Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
+from pipeline.state.disk_store import DiskBacked
+from pipeline.state.local_stores import LocalStores
 from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 from pipeline.state.table_restore import TableRestore
 
@@ -37,7 +39,9 @@ class RestoreManager:
         make_admin: Callable[[], AdminClient],
         admin: AdminClient,
         tables: Mapping[str, Table] | None = None,
+        local_stores: LocalStores | None = None,
     ) -> None:
+        self._local = local_stores  # STATE_STORE=disk: restores go into p's store on disk, starting from what it holds
         self._changelog_topic, self._snapshot_topic, self._state_serde = changelog_topic, snapshot_topic, state_serde
         self._make_consumer, self._make_admin, self._admin = make_consumer, make_admin, admin
         self._timeout_s = settings.restore_timeout_ms / 1000
@@ -94,6 +98,8 @@ class RestoreManager:
                 self._later(p, e)
                 continue
             if done:
+                if isinstance(restore.state, DiskBacked):  # the disk store covers the changelog below restore.end now
+                    restore.state.store.mark(restore.end, restore.last_checkpoint, restore.snapshot)
                 restore.tables = self._tables.pop(p, None)
                 self.forget(p)
                 finished.append(restore)
@@ -149,7 +155,11 @@ class RestoreManager:
 
     def _open(self, p: int, copy: StandbyCopy | None = None) -> None:
         """The first try may start from p's standby copy; a try after broker trouble starts from nothing again."""
-        state = copy.state if copy is not None else PartitionState(self._state_serde)
+        state: PartitionState
+        if copy is None and self._local is not None:
+            state, copy = self._local.base(p, self._state_serde)
+        else:
+            state = copy.state if copy is not None else PartitionState(self._state_serde)
         try:
             self._running[p] = self._restore(p, state, self._committed[p], copy=copy)
         except EndOffsetsTimeout as e:

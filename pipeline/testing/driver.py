@@ -31,7 +31,6 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from pipeline import settings as settings_module
 from pipeline.app import App, Timer
 from pipeline.core.deadletter import DeadLetter, dead_letter_topic
 from pipeline.core.lifecycle import Phase
@@ -52,6 +51,7 @@ from pipeline.testing.oracle import RunData, TopicDump, Verdict, check
 from pipeline.testing.oracle.records import KafkaRecord
 from pipeline.testing.produced import Produced, decoded
 from pipeline.testing.stops import OnStop, PartitionStopped, Stops
+from pipeline.testing.stores import driver_settings
 from pipeline.testing.strict import watched
 
 __all__ = ["AppDriver", "PartitionStopped", "Produced"]
@@ -78,9 +78,8 @@ class AppDriver:
         self.app, self.partitions, self.now_ms, self.auto_commit = app, partitions, wall_clock_ms, auto_commit
         self.strict, self.stops = strict, Stops(on_stop)
         # No back-off sleeps between attempts at a failing record unless asked for: a test runs in milliseconds.
-        self.settings = settings_module.load(
-            env={}, **{"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0, **settings}
-        )
+        defaults = {"bootstrap_servers": "memory:9092", "app_id": app.name, "processing_backoff_ms": 0}
+        self.settings, self._stores = driver_settings(self, app, {**defaults, **settings})  # testing/stores.py
         self.input_topic, self.output_topic = app.input_topic, app.output_topic
         self.topics = app.co_partitioned  # what task p reads partition p of: the inputs, then the tables
         self.changelog_topic, self.dead_letter_topic = changelog_topic(app.name), dead_letter_topic(app.name)
@@ -341,7 +340,7 @@ class AppDriver:
     def _restore(self, p: int, committed: dict[str, int | None]) -> PartitionState:
         """p's committed changelog folded (docs/guarantees.md: complete-restore: its last checkpoint must name the
         committed offsets)."""
-        state, checkpoint = PartitionState(self.app.state_serde), None
+        state, checkpoint = self._stores.fresh(p, self.app.state_serde), None
         for record in self.broker.records[(self.changelog_topic, p)]:
             if is_checkpoint(record.key, list(record.headers)):
                 checkpoint = Checkpoint.decode(record.value or b"")
@@ -353,6 +352,7 @@ class AppDriver:
                 f"p{p}: the changelog covers input offsets {covered}, the committed offsets are "
                 f"{committed}: state and offsets were not committed together"
             )
+        self._stores.restored(state, self.broker.next_offsets[(self.changelog_topic, p)], checkpoint)
         return state
 
     def _restore_tables(self, p: int) -> tuple[dict[str, TableStore], dict[str, int]]:

@@ -86,6 +86,7 @@ class Instance:
     # failure detector's removal of a paused or killed instance from a false positive: pipeline/testing/detections.py)
     signals: list[tuple[float, str]] = field(default_factory=list)
     exit_expected: bool = False  # it exited by itself as its test wanted (`wait_for_exit`): not a crash
+    state_dir: str = ""  # STATE_STORE=disk: its STATE_DIR
 
     @property
     def alive(self) -> bool:
@@ -157,8 +158,10 @@ class Fleet:
 
     def start(self, count: int = 1, **extra_env: str) -> list[Instance]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        started = [self._start_one(extra_env) for _ in range(count)]
-        self.instances += started
+        started = []
+        for _ in range(count):  # each one listed as it starts: the next one's free state directory depends on it
+            started.append(self._start_one(extra_env))
+            self.instances.append(started[-1])
         return started
 
     def _start_one(self, extra_env: Mapping[str, str]) -> Instance:
@@ -173,6 +176,8 @@ class Fleet:
             "PIPELINE_BOOTSTRAP_SERVERS": self.bootstrap,
             "PIPELINE_KAFKA_CLIENT_ID": name,
         }
+        if env.get("PIPELINE_STATE_STORE") == "disk" and "PIPELINE_STATE_DIR" not in extra_env:
+            env["PIPELINE_STATE_DIR"] = self._free_state_dir()
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 [
@@ -189,7 +194,16 @@ class Fleet:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        return Instance(name, process, log_path)
+        return Instance(name, process, log_path, state_dir=env.get("PIPELINE_STATE_DIR", ""))
+
+    def _free_state_dir(self) -> str:
+        """STATE_STORE=disk: the first state directory of this fleet no live instance holds, so that an instance
+        started after a crash finds the crashed one's stores (a restart on the same disk), as a pod's volume does."""
+        held = {i.state_dir for i in self.instances if i.alive}
+        slot = 0
+        while str(self.log_dir / "state" / f"slot-{slot}") in held:
+            slot += 1
+        return str(self.log_dir / "state" / f"slot-{slot}")
 
     @property
     def alive(self) -> list[Instance]:

@@ -246,3 +246,19 @@ def test_every_phony_name_of_the_makefile_is_a_target() -> None:
     [phony] = re.findall(r"^\.PHONY:(.*)$", makefile, re.MULTILINE)
     targets = set(re.findall(r"^([\w-]+):", makefile, re.MULTILINE))
     assert set(phony.split()) - targets == set()
+
+
+def test_the_state_dir_is_a_volume_of_its_own_per_instance() -> None:
+    """STATE_STORE=disk: one process per STATE_DIR, and a restarted instance finds its own (issue 32)."""
+    spec = k8s_objects()["StatefulSet"]["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    state_dir = next(e["value"] for e in container["env"] if e["name"] == "PIPELINE_STATE_DIR")
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == state_dir)
+    assert mount["name"] in {t["metadata"]["name"] for t in spec["volumeClaimTemplates"]}
+    services = compose()["services"]
+    volumes = set()
+    for name in ("pipeline-1", "pipeline-2"):
+        state_dir = services[name]["environment"]["PIPELINE_STATE_DIR"]
+        (volume,) = [v.split(":")[0] for v in services[name]["volumes"] if v.endswith(":" + state_dir)]
+        volumes.add(volume)
+    assert len(volumes) == 2 and volumes <= set(compose()["volumes"])

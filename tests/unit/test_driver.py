@@ -12,6 +12,8 @@ from pipeline.sinks.kafka.transaction import PartitionDropped
 from pipeline.testing.driver import AppDriver
 from pipeline.testing.pytest_plugin import pipeline_driver  # noqa: F401 - the fixture, as users import it
 
+pytestmark = pytest.mark.usefixtures("state_store")  # every driver on both stores (tests/unit/conftest.py)
+
 
 # The README's two examples, as they are printed there.
 def test_running_totals(pipeline_driver):  # noqa: F811

@@ -26,8 +26,8 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
-# Each lock and the extras it installs (setup and CI: dev; the two images: service and compaction).
-LOCKS = {"dev.txt": ("dev",), "service.txt": (), "compaction.txt": ("spark",)}
+# Each lock and the extras it installs (setup and CI: dev; the two images: service, with [disk], and compaction).
+LOCKS = {"dev.txt": ("dev",), "service.txt": ("disk",), "compaction.txt": ("spark",)}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 

@@ -12,10 +12,14 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.provenance import TimerSource
 from pipeline.examples.windowed_totals import app as windowed
 from pipeline.state import PartitionState
+from pipeline.state.disk_store import ready_state
 from pipeline.state.timed import STREAM_TIME_KEY, TimedState
 from pipeline.testing.driver import AppDriver, PartitionStopped
 from pipeline.testing.oracle import RunData, TopicDump, check
 from pipeline.testing.oracle.records import KafkaRecord
+from tests.unit.conftest import make_state, make_timed
+
+pytestmark = pytest.mark.usefixtures("state_store")  # the state and drivers on both stores (tests/unit/conftest.py)
 
 
 # -- the state ---------------------------------------------------------------------------------------------------
@@ -28,7 +32,7 @@ def fire_all(state: TimedState, clock: str, now_ms: int) -> list[Timer | None]:
 
 
 def test_due_timers_come_by_time_then_key_and_a_second_schedule_moves_the_timer() -> None:
-    state = TimedState()
+    state = make_timed()
     state.timers.schedule("b", 20)
     state.timers.schedule("a", 20, payload={"n": 1})
     state.timers.schedule("c", 10)
@@ -41,7 +45,7 @@ def test_due_timers_come_by_time_then_key_and_a_second_schedule_moves_the_timer(
 
 
 def test_an_undone_firing_fires_again_and_stream_time_comes_back() -> None:
-    state = TimedState()
+    state = make_timed()
     state.advance_stream_time(5)
     state.timers.schedule("t", 10, payload="p")
     state.commit()
@@ -53,7 +57,7 @@ def test_an_undone_firing_fires_again_and_stream_time_comes_back() -> None:
 
 
 def test_reserved_keys_are_hidden_from_the_user_and_cannot_be_written() -> None:
-    state = TimedState(ttl_ms=100)
+    state = make_timed(ttl_ms=100)
     state.advance_stream_time(1)
     state["k"] = 1
     state.timers.schedule("t", 5)
@@ -69,7 +73,7 @@ def test_reserved_keys_are_hidden_from_the_user_and_cannot_be_written() -> None:
 
 
 def test_a_ttl_deadline_is_rounded_up_to_the_granularity_and_written_only_when_it_moves_to_a_later_bucket() -> None:
-    state = TimedState(ttl_ms=100, ttl_granularity_ms=1_000)
+    state = make_timed(ttl_ms=100, ttl_granularity_ms=1_000)
     state.advance_stream_time(0)
     state["k"] = 1
     assert dict(state.changes())["__eos.ttl/k"] == b"1000"  # 0 + 100, rounded up
@@ -101,9 +105,10 @@ def test_a_restored_state_is_adopted_with_its_timers_queued() -> None:
     written.advance_stream_time(7)
     written.timers.schedule("w", 1_000, clock="wall")
     written.timers.schedule("s", 9, payload=[1])
-    restored = PartitionState()
+    restored = make_state()
     restored.load(dict(written.encoded_items()))  # what the restore hands the task
-    state = TimedState().adopt(restored)
+    state = ready_state(App("t", "in", "out", lambda s, r: [], on_timer=lambda s, t: []), restored, "p0")
+    assert isinstance(state, TimedState)
     assert state.stream_time_ms == 7
     assert fire_all(state, "stream", 9) == [Timer("s", 9, [1])]
     assert fire_all(state, "wall", 999) == [] and fire_all(state, "wall", 1_000) == [Timer("w", 1_000, clock="wall")]

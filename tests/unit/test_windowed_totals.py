@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 import orjson
+import pytest
 
 from pipeline.examples.windowed_totals import app
 from pipeline.testing.driver import AppDriver
+
+pytestmark = pytest.mark.usefixtures("state_store")  # every driver on both stores (tests/unit/conftest.py)
 
 
 def test_a_window_closes_when_stream_time_reaches_its_end_plus_grace_and_not_before() -> None:

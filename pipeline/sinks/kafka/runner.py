@@ -56,7 +56,9 @@ from pipeline.sinks.kafka.transaction import (
     transactional_id,
 )
 from pipeline.state.changelog import changelog_topic
+from pipeline.state.disk_store import StoreFull, disk_failed
 from pipeline.state.global_tables import PendingTargets
+from pipeline.state.local_stores import local_stores
 from pipeline.state.restore import ChangelogRestore
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.snapshot_format import snapshot_topic
@@ -82,6 +84,7 @@ class KafkaRunner(TakeOver, PollLoop):
             abort_hook = lambda n: n % every == 0  # noqa: E731
         self._abort_hook = abort_hook
         self.admin = AdminClient(client_config(settings))
+        self.local_stores = local_stores(app, settings, self.app_id, self.metrics.registry)  # STATE_STORE=disk
         self.restores = RestoreManager(
             settings,
             self.changelog_topic,
@@ -91,6 +94,7 @@ class KafkaRunner(TakeOver, PollLoop):
             lambda: AdminClient(client_config(settings)),
             self.admin,
             app.table_specs,
+            self.local_stores,
         )
         self.global_tables = self._global_tables() if app.global_tables else None
         self._awaiting_globals: dict[int, tuple[PendingTargets, ChangelogRestore | None]] = {}
@@ -219,6 +223,8 @@ class KafkaRunner(TakeOver, PollLoop):
             if reader is not None:
                 reader.close()
         self._commit_pool.shutdown()
+        if self.local_stores is not None:
+            self.local_stores.close()
         log.info("%s: stopped", self.app_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------------
@@ -268,6 +274,9 @@ class KafkaRunner(TakeOver, PollLoop):
             self._commit(txns[0])
         elif txns:
             list(self._commit_pool.map(self._commit, txns))
+        if self.local_stores is not None:  # STATE_STORE=disk: a batch the disk refused stops its partition now
+            for task in [t for t in self.tasks.values() if t.phase is Phase.RUNNING and disk_failed(t.state)]:
+                self._disk_full(task, StoreFull(str(disk_failed(task.state))))
 
     def _commit(self, txn: Transaction) -> None:
         """commit_transaction, and what its failure means for the tasks in it."""
@@ -303,6 +312,13 @@ class KafkaRunner(TakeOver, PollLoop):
             self._drop(task.txn, str(e))
         except PoisonRecordStop as e:
             self._commit_then_stop(task, e)
+        except StoreFull as e:  # STATE_STORE=disk: p stops (its disk is behind, which the changelog makes safe)
+            self._disk_full(task, e)
+
+    def _disk_full(self, task: KafkaTask, error: StoreFull) -> None:
+        stop = PoisonRecordStop(str(error))
+        stop.fix = error.fix
+        self._commit_then_stop(task, stop)
 
     def _commit_then_stop(self, task: KafkaTask, error: PoisonRecordStop) -> None:
         self._commit(task.txn)  # what came before the poison record (or the deleted ones) is good: keep it

@@ -54,8 +54,9 @@ from pipeline.sinks.kafka.hot import Encoded as Encoded  # what MultiInputTask p
 from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.disk_store import note_committed, ready_state
 from pipeline.state.snapshot_format import Manifest
-from pipeline.state.timed import TimedState, new_state, restored_state, wall_clock_ms
+from pipeline.state.timed import TimedState, new_state, wall_clock_ms
 
 log = logging.getLogger(__name__)
 # The longest pause of a partition waiting for the schema registry: a registry back within seconds is used within
@@ -115,7 +116,7 @@ class KafkaTask(Task):
         # moved past each committed transaction's checkpoint (its offset comes from the delivery report).
         self.snapshot_base: Manifest | None = None
         self.changelog_end: int | None = None
-        self._checkpoint_at: tuple[int, int] | None = None  # (transaction number, checkpoint offset)
+        self._checkpoint_at: tuple[int, int, Checkpoint] | None = None  # (transaction number, its offset, it)
         self._encode = self._encoder()  # Output -> produce arguments, built once
         self._hot = HotPath.of(ctx.app, self._encode)
         self._registry_failures = 0  # schema registry faults in a row (the back-off grows with them)
@@ -147,7 +148,7 @@ class KafkaTask(Task):
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
         started from (None: the whole changelog), `end` the changelog offset it covers up to. Timers are queued and
         older state versions migrated here; state of a newer version refuses (StateVersionError)."""
-        state = restored_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock)
+        state = ready_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock)
         state.tables = self.table_views()
         super().restored(state)
         self.snapshot_base, self.changelog_end = snapshot_base, end
@@ -374,19 +375,20 @@ class KafkaTask(Task):
                 checkpoint.encode(),
                 p,
                 [CHECKPOINT_HEADER],
-                on_delivery=self._checkpoint_delivered(self._staged + 1),
+                on_delivery=self._checkpoint_delivered(self._staged + 1, checkpoint),
             )
 
     def committed(self) -> None:
         """Step 4: the transaction is committed; p's committed offset and state move forward."""
+        note_committed(self.state, self._staged, self._checkpoint_at)  # STATE_STORE=disk: where its batch reaches
         self.batch_committed()
         self._committed_txn = self._staged
 
-    def _checkpoint_delivered(self, txn: int) -> Callable[[Any, Any], None]:
+    def _checkpoint_delivered(self, txn: int, checkpoint: Checkpoint) -> Callable[[Any, Any], None]:
         def delivered(error: Any, message: Any) -> None:
             self.txn.deliveries.report(error, message)  # its own callback replaces the producer's
             if error is None:
-                self._checkpoint_at = (txn, message.offset())
+                self._checkpoint_at = (txn, message.offset(), checkpoint)
 
         return delivered
 

@@ -1,0 +1,188 @@
+"""`python -m tools.bench.disk_state`: the disk state store (issue 32) against the memory store. Not a timed test.
+
+throughput  running_totals on the real broker, --keys distinct accounts, each written once (every read a miss:
+            the disk store's worst case), 3 partitions, the KafkaRunner in a process of its own per store;
+            records/s from the first record processed to the last, and the process's peak RSS
+rss         --keys keys of running_totals' shape loaded into one partition's disk store (a restore's path, in
+            batches), then 200 000 transactions of 5 random updates each through the commit path; RSS after
+            each phase and the store's size on disk. Memory bounded by STATE_BLOCK_CACHE_MB and
+            STATE_WRITE_BUFFER_MB whatever the number of keys
+restart     running_totals on the broker with the disk store until --keys accounts are in it, SIGKILL, 1 000 more
+            records, the same command on the same STATE_DIR: seconds from the process's start to its partitions
+            restored and to the new records processed (with the memory store for comparison)
+
+python -m tools.bench.disk_state throughput --keys 1000000
+python -m tools.bench.disk_state rss --keys 10000000
+python -m tools.bench.disk_state restart --keys 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from pipeline.examples.running_totals import app as totals
+from pipeline.serde import JSON
+from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreMemory
+from pipeline.testing import inputs
+from pipeline.testing.harness import wait_caught_up
+
+PARTITIONS = 3
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def accounts(keys: int, start: int = 0) -> Iterator[tuple[int, bytes, bytes]]:
+    """One record per account, account-<i> for i in start..start+keys, spread over the partitions."""
+    for i in range(start, start + keys):
+        yield i % PARTITIONS, b"account-%08d" % i, b'{"id": %d, "amount": %d}' % (i, i % 997)
+
+
+def fresh_topics(bootstrap: str) -> tuple[object, str]:
+    suffix = uuid.uuid4().hex[:8]
+    app = totals.with_topics(f"disk-in-{suffix}", f"disk-out-{suffix}")
+    inputs.create_topics(bootstrap, {app.input_topic: PARTITIONS, app.output_topic: PARTITIONS})
+    return app, f"disk-bench-{suffix}"
+
+
+# -- rss -------------------------------------------------------------------------------------------------------------
+def rss(keys: int, updates: int, block_cache_mb: int, write_buffer_mb: int) -> dict[str, float]:
+    path = Path(tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR")))
+    report = {"keys": keys, "rss_start_mb": rss_mb()}
+    store = DiskStore(path / "p0", StoreMemory(block_cache_mb, write_buffer_mb))
+    state = DiskPartitionState(store, JSON)
+    started, cpu = time.monotonic(), time.process_time()
+    batch: dict[str, bytes | None] = {}
+    for i in range(keys):
+        batch[f"account-{i:08d}"] = b"[1,%d]" % i
+        if len(batch) == 50_000:
+            state.load(batch)
+            batch = {}
+    state.load(batch)
+    report |= {"load_s": time.monotonic() - started, "load_cpu_s": time.process_time() - cpu}
+    report |= {"rss_after_load_mb": rss_mb()}
+    rng, started, cpu = random.Random(1), time.monotonic(), time.process_time()
+    for txn in range(updates // 5):
+        for _ in range(5):
+            state.begin_record()
+            key = f"account-{rng.randrange(keys):08d}"
+            count, total = state.get(key, [0, 0])
+            state[key] = [count + 1, total + txn]
+        state.commit()
+    report |= {"updates_s": time.monotonic() - started, "updates_cpu_s": time.process_time() - cpu}
+    report |= {"rss_after_updates_mb": rss_mb()}
+    report |= {"peak_rss_mb": peak_mb(), "disk_mb": store.disk_bytes() / 1e6, "count": store.count}
+    store.close()
+    shutil.rmtree(path, ignore_errors=True)
+    return report
+
+
+# -- restart ---------------------------------------------------------------------------------------------------------
+def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
+    app, app_id = fresh_topics(bootstrap)
+    inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=900)  # type: ignore[attr-defined]
+    state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
+    env = {
+        **os.environ,
+        "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": app.input_topic,  # type: ignore[attr-defined]
+        "PIPELINE_OUTPUT_TOPIC": app.output_topic,  # type: ignore[attr-defined]
+        "PIPELINE_STATE_STORE": store,
+        "PIPELINE_STATE_DIR": state_dir,
+        "PIPELINE_GROUP_INSTANCE_ID": "bench-0",  # static: the restarted process takes its partitions back at once
+        "PIPELINE_SESSION_TIMEOUT_MS": "30000",
+    }
+    command = [sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals:app"]
+    log_path = Path(state_dir) / "first.log"
+    first_started = time.time()
+    with open(log_path, "wb") as log:
+        first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 1800)  # type: ignore[attr-defined]
+    first_text = log_path.read_text()
+    first_restored = max(_log_time(line) for line in first_text.splitlines() if " restored: " in line)
+    processing_s = time.time() - first_restored  # from its partitions ready to every record committed
+    first_cpu = _cpu_seconds(first.pid)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    inputs.produce(bootstrap, app.input_topic, accounts(1_000, keys), partitions=PARTITIONS)  # type: ignore[attr-defined]
+    log_path = Path(state_dir) / "second.log"
+    started = time.time()
+    with open(log_path, "wb") as log:
+        second = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 600)  # type: ignore[attr-defined]
+    caught_up = time.time() - started
+    text = log_path.read_text()
+    second.send_signal(signal.SIGTERM)
+    second.wait(60)
+    restored = [_log_time(line) for line in text.splitlines() if " restored: " in line]
+    assigned = [_log_time(line) for line in text.splitlines() if " assigned [" in line]
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return {
+        "first_run_records_per_s": keys / processing_s,
+        "first_run_cpu_s": first_cpu,
+        "first_run_wall_s": time.time() - first_started,
+        "start_to_assigned_s": min(assigned) - started,
+        "start_to_restored_s": max(restored) - started,
+        "assigned_to_restored_s": max(restored) - min(assigned),
+        "start_to_caught_up_s": caught_up,
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process so far (/proc: the machine may be loaded, CPU is not)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _log_time(line: str) -> float:
+    stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
+    assert stamp, line
+    return time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + int(stamp.group(2)) / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["rss", "restart"])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--stores", default="memory,disk")
+    parser.add_argument("--updates", type=int, default=100_000)
+    parser.add_argument("--block-cache-mb", type=int, default=64)
+    parser.add_argument("--write-buffer-mb", type=int, default=32)
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.what == "rss":
+        print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb)))
+        return
+    if args.one:
+        print(json.dumps({"store": args.one, **restart(args.bootstrap_servers, args.one, args.keys)}))
+        return
+    for store in args.stores.split(","):
+        subprocess.run([sys.executable, "-m", "tools.bench.disk_state", *sys.argv[1:], "--one", store], check=True)
+
+
+if __name__ == "__main__":
+    main()
