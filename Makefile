@@ -30,7 +30,7 @@ demo: setup
 # that neither waits for the other and no test waits for it; `make demo` does not need it.
 test: setup
 	@mkdir -p .run; deploy/local/registry.sh build >.run/registry-build.log 2>&1 & build=$$!; \
-	$(MAKE) --no-print-directory lint || { kill $$build; exit 1; }; \
+	$(MAKE) --no-print-directory lint || { kill $$build 2>/dev/null; exit 1; }; \
 	wait $$build || { cat .run/registry-build.log; echo "registry build failed (log above)"; exit 1; }
 	tests/run.sh $(PYTEST_ARGS)
 

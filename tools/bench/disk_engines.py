@@ -5,6 +5,7 @@ The shape of the pipeline's use: --keys keys "account-<8 digits>" -> "[count,sum
 then the same batches again as updates of existing keys. Each engine in a fresh process; reported: seconds per
 phase, the directory's size on disk and the process's peak RSS. Not a timed test.
 
+    .venv/bin/pip install lmdb   # the rejected engine is in no lock: install it to compare
     python -m tools.bench.disk_engines --keys 1000000
 """
 
