@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipeline.kafka.topics import partition_counts
@@ -85,6 +85,7 @@ def kafka_cluster() -> Iterator[LocalCluster]:
     # "Started" is not yet "can create a topic replicated 3 times": wait for the controller and all three brokers.
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     eventually(lambda: _probe_topic(admin), 60, 0.5)
+    eventually(lambda: _warm_coordinators(cluster.bootstrap), 120, 1)
     yield cluster
     if not was_running and os.environ.get("KEEP_KAFKA") != "1":
         _kafka_sh("--cluster", "stop")
@@ -136,6 +137,29 @@ def _probe_topic(admin: AdminClient) -> bool:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             return False
     return partition_counts(admin, 5, needed=[name]).get(name) == 1
+
+
+def _warm_coordinators(bootstrap: str) -> bool:
+    """A fresh cluster creates its transaction and group coordinators' topics (__transaction_state and
+    __consumer_offsets, 50 partitions of 3 replicas each) for the first transactional producer and the first group:
+    up to a minute on a loaded machine. In CI the first cluster test met that cold start: its fence took 20 s, ran into
+    the test's first broker kill, and the process gave up. Done once here, every test starts with coordinators that
+    answer."""
+    probe = "cluster-ready-probe"
+    try:
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": probe})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(probe, b"warm")
+        producer.commit_transaction(30)
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": probe, "enable.auto.commit": False})
+        try:
+            consumer.commit(offsets=[TopicPartition(probe, 0, 1)], asynchronous=False)
+        finally:
+            consumer.close()
+    except KafkaException:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
