@@ -148,6 +148,9 @@ def options_from(args: argparse.Namespace, settings: Settings) -> Options:
     )
 
 
+SPARK_STARTING = "compaction: permissions checked, starting Spark"
+
+
 def run(args: argparse.Namespace) -> int:
     settings = job_settings(args)
     opts = options_from(args, settings)
@@ -161,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
     except MissingPermission as e:
         print(f"compaction failed: {e}", file=sys.stderr)
         return 1
+    print(SPARK_STARTING, flush=True)  # Spark's start takes seconds to a minute: say where the job is
     spark = _session(args.master, opts.app_id)
     try:
         report = compact(spark, opts)

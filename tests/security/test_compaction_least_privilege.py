@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -19,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.acls import Names, compaction_acls, pipeline_acls
 from pipeline.kafka.offsets import low_watermarks
+from snapshots.compact import SPARK_STARTING
 from tests.faults.conftest import assert_exactly_once
 from tests.security.conftest import COMPACTION, PARTITIONS, PIPELINE, log_text, names_of, totals_records
 from tests.security.test_least_privilege import named
@@ -26,7 +26,6 @@ from tests.security.test_least_privilege import named
 pytestmark = [pytest.mark.secure, pytest.mark.spark]
 COMPACT_TIMEOUT_S = 240
 TEMPLATE = compaction_acls(Names("APP", "", ""))
-FAIL_FAST_S = 60  # the job's process, Spark's imports included
 
 
 def compaction_arguments(kafka_secure, app_id: str, password: str | None = None, timeout_s: int = 30) -> Job:
@@ -131,13 +130,14 @@ def test_without_one_acl_the_compaction_job_stops_at_start_naming_it(
     missing = needed[index]
     grants.grant(COMPACTION, [acl for acl in needed if acl is not missing])
 
-    started = time.monotonic()
     result = compact(compaction_arguments(kafka_secure, run.app_id, timeout_s=10))
     output = result.stdout + result.stderr
 
     assert result.returncode != 0, output
     assert "missing Kafka permission" in output and named(missing) in output, output
-    assert time.monotonic() - started < FAIL_FAST_S
+    # "At start" is before Spark, not a wall-clock bound (a CI run at load took 65 s to start Spark). The one
+    # exception: a transactional id cannot be described, so its ACL is found when the publisher fences, after Spark.
+    assert (SPARK_STARTING in output) == (missing.resource == "transactional-id"), output
     admin = AdminClient(kafka_secure.client_config("admin"))
     assert set(low_watermarks(admin, names.changelog, list(range(PARTITIONS)), 10).values()) == {0}
     run.feed(totals_records(100, seed=100 + index), seconds=1)
