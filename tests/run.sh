@@ -2,14 +2,15 @@
 # `make test` after lint: the whole suite in four lanes that start together and share the one local broker and
 # registry (each test has topics and a group of its own). Side by side rather than one after the other: most of a
 # fault test is waiting (paced input, session time-outs) and the image tests are mostly podman unpacking, and CI must
-# stay under 40 minutes on 2 cores (three lanes, measured: 31, 28 and 36+ minutes, the images after the faults).
+# stay under 40 minutes on 2 cores. Three lanes, measured in one run, took 31, 28 and 41 minutes (the third was the
+# faults, then the images; lane 1 then held tests/integration, ~8 of its 31 minutes): hence four.
 #   lane 1, the main run (arguments go to it): everything the other lanes don't run. It keeps every test that kills
 #           a shared server: the 3-node cluster's tests (they kill and restart nodes) and tests/postgres (one kills
 #           PostgreSQL) run in this lane only, beside the other users of PostgreSQL (tests/unit, infra, security).
 #   lane 2: tests/faults in the default PRODUCERS mode, the process faults again under GROUP_PROTOCOL=consumer
 #           (KIP-848), then tests/snapshots (Spark) and the Airflow DAG's run.
-#   lane 3: tests/faults in the other PRODUCERS mode.
-#   lane 4: the container-image tests (image builds, `make demo` on a fresh machine: ~18 minutes).
+#   lane 3: tests/faults in the other PRODUCERS mode, then tests/integration (none of which kills a shared server).
+#   lane 4: the container-image tests (image builds, `make demo` on a fresh machine: 24 minutes in that run).
 # Lanes 2 and 3 leave out the cluster's fault tests (lane 1 runs them, in both modes: the tests take both in turn).
 # Their logs: .test-lane-2.log, .test-lane-3.log and .test-lane-4.log; each lane ends with its 15 slowest tests and
 # its time. Exit status: non-zero if any lane failed.
@@ -37,6 +38,7 @@ trap stop_servers EXIT
 other_producers=$($PY -c 'from pipeline.settings import PER_PARTITION, PER_PROCESS, Settings
 print(PER_PROCESS if Settings.producers == PER_PARTITION else PER_PARTITION)')
 LANE_2_ONLY=(tests/snapshots tests/infra/test_airflow_dag.py)
+LANE_3_ONLY=(tests/integration)
 LANE_4_ONLY=(tests/image)
 START=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - START )) s"; }
@@ -55,6 +57,7 @@ lane_3() {
     local failed=0
     PIPELINE_PRODUCERS=$other_producers "${PYTEST[@]}" -q -m "faults and not cluster" tests/faults \
         --basetemp="$(mktemp -d)" || failed=1
+    "${PYTEST[@]}" -q "${LANE_3_ONLY[@]}" --basetemp="$(mktemp -d)" || failed=1
     echo "lane 3 ended after $(elapsed)"
     return $failed
 }
@@ -71,7 +74,8 @@ lane_3_pid=$!
 lane_4 >.test-lane-4.log 2>&1 &
 lane_4_pid=$!
 
-"${PYTEST[@]}" -m "not faults or cluster" "${LANE_2_ONLY[@]/#/--ignore=}" "${LANE_4_ONLY[@]/#/--ignore=}" "$@"
+"${PYTEST[@]}" -m "not faults or cluster" "${LANE_2_ONLY[@]/#/--ignore=}" "${LANE_3_ONLY[@]/#/--ignore=}" \
+    "${LANE_4_ONLY[@]/#/--ignore=}" "$@"
 main_status=$?
 echo "--- lane 1 ended after $(elapsed) ---"
 wait $lane_2_pid
@@ -80,7 +84,7 @@ echo "--- lane 2 (.test-lane-2.log): tests/faults, the process faults under KIP-
 grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-2.log | tail -20
 wait $lane_3_pid
 lane_3_status=$?
-echo "--- lane 3 (.test-lane-3.log): tests/faults with PRODUCERS=$other_producers ---"
+echo "--- lane 3 (.test-lane-3.log): tests/faults with PRODUCERS=$other_producers, ${LANE_3_ONLY[*]} ---"
 grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-3.log | tail -20
 wait $lane_4_pid
 lane_4_status=$?
