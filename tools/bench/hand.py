@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 from confluent_kafka import KafkaException, Producer
 
+from pipeline.kafka.clients import produce_waiting
+
 # (batch of consumed messages, producer, output topic) -> None
 HandBatch = Callable[[Sequence[Any], Producer, str], None]
 
@@ -30,7 +32,7 @@ def copier() -> HandBatch:
             try:
                 produce(topic, m.value(), m.key(), partition=m.partition())
             except BufferError:
-                produce_waiting(producer, topic, m.value(), m.key(), m.partition())
+                produce_waiting(producer, topic, m.value(), m.key(), partition=m.partition())
         producer.poll(0)
 
     return copy_batch
@@ -56,7 +58,7 @@ def running_totals() -> HandBatch:
             try:
                 produce(topic, out, key.encode())
             except BufferError:
-                produce_waiting(producer, topic, out, key.encode(), -1)
+                produce_waiting(producer, topic, out, key.encode())
         producer.poll(0)
 
     return totals_batch
@@ -74,12 +76,3 @@ def producer_config(bootstrap: str) -> dict[str, Any]:
         "linger.ms": 5,
         "partitioner": "murmur2_random",
     }
-
-
-def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None, partition: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, value, key, partition=partition)
-            return
-        except BufferError:
-            producer.poll(0.05)

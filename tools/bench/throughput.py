@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -49,6 +49,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline import settings as settings_module
 from pipeline.app import App, Output, Record, State
 from pipeline.examples import copier, running_totals
+from pipeline.kafka.clients import produce_waiting
 from pipeline.kafka.offsets import TailReader, high_watermarks, read_to_end
 from pipeline.metrics import Metrics
 from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
@@ -296,7 +297,7 @@ def _copy_batch(batch: Sequence[Any], producer: Producer, topic: str) -> None:
     for m in batch:
         if m.error():
             raise KafkaException(m.error())
-        hand.produce_waiting(producer, topic, m.value(), m.key(), cast(int, m.partition()))  # a record's partition
+        produce_waiting(producer, topic, m.value(), m.key(), partition=m.partition())  # a record's partition
     producer.poll(0)
 
 
