@@ -5,6 +5,7 @@ and the order taken in the batch's transaction."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -151,3 +152,22 @@ def test_timers_and_ttl_stay_kafka_mode_only(timers: dict[str, Any]) -> None:
     settings = settings_module.load(env={}, sink="postgres", postgres_dsn="postgresql://unused/db")
     with pytest.raises(settings_module.ConfigError, match="Kafka-mode only"):
         refuse_unfit(timed, settings)
+
+
+def test_the_wait_for_an_empty_input_starts_when_p_starts_taking_not_when_the_task_was_made() -> None:
+    """As the Kafka sink's: a fence or a restore that took long does not count as time the lagging table was waited
+    for. Red when `_empty_since` kept the task's creation time."""
+
+    class Watermarks:
+        def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:
+            return 0, 5
+
+    settings = Settings(sink="postgres", postgres_dsn="postgresql://unused", max_task_idle_ms=60_000)
+    ctx = PostgresTaskContext(app, settings, "u", ORDERS, None, BytesOutputs(), Metrics(), "me")  # type: ignore[arg-type]
+    task = PostgresMultiTask(ctx, 0)
+    task.epoch = 3
+    task._empty_since = dict.fromkeys(task._empty_since, time.monotonic() - 3600)  # made an hour before it ran
+    task.start(None, restore=False)
+    task.consumer = Watermarks()  # type: ignore[assignment]
+    task.process([message(ORDERS, 0, ts=1)])
+    assert task.rows == []

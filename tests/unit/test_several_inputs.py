@@ -4,6 +4,7 @@ checkpoint that names the order taken, and the checker that replays it."""
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Iterable
 
@@ -11,6 +12,7 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from pipeline.app import App, Output, Record, Reject, State, Stream, Table
+from pipeline.core.lifecycle import Phase
 from pipeline.sinks.kafka import inputs as inputs_module
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.state.changelog import Checkpoint, order_runs
@@ -213,3 +215,15 @@ def test_the_checker_names_a_record_moved_past_without_being_taken(monkeypatch: 
     assert any(
         "the order taken names 2 records, the next offset 3 covers 3" in p.detail for p in verdict.content.samples
     ), verdict.summary()
+
+
+def test_the_wait_for_an_empty_input_starts_when_p_starts_taking_not_when_the_task_was_made() -> None:
+    """A take-over that fenced and restored for an hour still waits for the table's records just behind: red when
+    `_empty_since` kept the task's creation time (the wait had long expired by the first record)."""
+    task = waiting_task(idle_ms=100, high=9)
+    task.topics = (TRADES, LIMITS)
+    task._empty_since = {TRADES: time.monotonic() - 3600, LIMITS: time.monotonic() - 3600}
+    task._phase = Phase.REWINDING
+    task.schedule = types.SimpleNamespace(moved=lambda t: None)  # type: ignore[assignment]
+    task._transition(Phase.RUNNING)
+    assert task._must_wait(LIMITS, now=time.monotonic())

@@ -119,6 +119,15 @@ class PostgresMultiTask(PostgresTask):
             self._table_restore.close()
             self._table_restore = None
 
+    def _transition(self, to: Phase) -> None:
+        """Each time p starts taking records (after its fence, a restore or a rewind), the bounded wait for an empty
+        input starts again: the time p spent fencing or restoring is not time the lagging topic was waited for.
+        Timed from the task's creation instead, a take-over after a restore of a few seconds found the wait long
+        expired and took the streams' first records without the table updates just behind them."""
+        if to is Phase.RUNNING:
+            self._empty_since = dict.fromkeys(self.topics, time.monotonic())
+        super()._transition(to)
+
     def try_seek_back(self, consumer: Consumer) -> bool:
         """Every topic of p to its fenced (or restored) offset; p RUNNING once all seeks took."""
         try:
