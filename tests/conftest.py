@@ -30,7 +30,12 @@ pytest_plugins = [
 
 
 def _kafka_sh(*args: str) -> str:
-    return subprocess.run([str(KAFKA_SH), *args], check=True, capture_output=True, text=True).stdout.strip()
+    """The script's stdout; when it fails, its stderr in the error (a CalledProcessError alone said only the exit
+    code, and a broker that would not start left no reason in the test report)."""
+    done = subprocess.run([str(KAFKA_SH), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"deploy/local/kafka.sh {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout.strip()
 
 
 def _is_running(*mode: str) -> bool:
