@@ -345,7 +345,8 @@ def checked_outputs(run: Run, result: Result, timeout_s: float) -> Result:
 
 
 # -- modes alo / eos ---------------------------------------------------------------------------------------------------
-def make_runner(run: Run, app: App | None = None) -> KafkaRunner:
+def make_runner(run: Run, app: App | None = None, **overrides: Any) -> KafkaRunner:
+    """The runner of one run; `overrides` are further settings (state_store="disk", say)."""
     settings = settings_module.load(
         env={},
         bootstrap_servers=run.bootstrap,
@@ -355,12 +356,13 @@ def make_runner(run: Run, app: App | None = None) -> KafkaRunner:
         processing_guarantee=MODES[base_mode(run.mode)],
         commit_interval_ms=run.cell.commit_interval_ms,
         producers=PER_PROCESS if run.mode.endswith(PER_PROCESS_SUFFIX) else PER_PARTITION,
+        **overrides,
     )
     return KafkaRunner(app or WORKLOADS[run.cell.workload], settings)
 
 
-def run_runner(run: Run, timeout_s: float, app: App | None = None) -> Result:
-    runner = make_runner(run, app)
+def run_runner(run: Run, timeout_s: float, app: App | None = None, **overrides: Any) -> Result:
+    runner = make_runner(run, app, **overrides)
     worker = Worker(runner.run, f"runner-{run.run_id}")
     try:
         result = measure(lambda: records_in(runner.metrics), run.cell.records, worker, timeout_s)

@@ -81,21 +81,24 @@ class Mode:
     kind: str  # raw | ours | quix
     interval_ms: int | None  # None: Quix's default
     label: str
+    store: str = "memory"  # ours: STATE_STORE (Quix keeps its state in RocksDB always)
 
 
 MODES = (
     Mode("raw", "raw", 100, "raw copy loop (no state, no transactions)"),
     Mode("ours-100ms", "ours", 100, "this template, exactly_once"),
     Mode("ours-1s", "ours", 1000, "this template, exactly_once"),
+    Mode("ours-disk-100ms", "ours", 100, "this template, exactly_once, STATE_STORE=disk", "disk"),
     Mode("quix-default", "quix", None, "Quix Streams, exactly-once"),
     Mode("quix-100ms", "quix", 100, "Quix Streams, exactly-once"),
     Mode("quix-1s", "quix", 1000, "Quix Streams, exactly-once"),
 )
-COMPARISONS = (  # (ours, quix, what)
-    ("ours-100ms", "quix-100ms", "equal intervals, 100 ms"),
-    ("ours-1s", "quix-1s", "equal intervals, 1 s"),
-    ("ours-100ms", "quix-default", "defaults: ours 100 ms vs Quix 5 s"),
-    ("ours-1s", "quix-default", "ours 1 s vs Quix 5 s"),
+COMPARISONS = (  # (ours, quix, what, target: ours / Quix at least; issue 9 asked 1.5x, issue 32 on disk 1x)
+    ("ours-100ms", "quix-100ms", "equal intervals, 100 ms", TARGET),
+    ("ours-1s", "quix-1s", "equal intervals, 1 s", TARGET),
+    ("ours-disk-100ms", "quix-100ms", "both on RocksDB, 100 ms", 1.0),
+    ("ours-100ms", "quix-default", "defaults: ours 100 ms vs Quix 5 s", TARGET),
+    ("ours-1s", "quix-default", "ours 1 s vs Quix 5 s", TARGET),
 )
 
 
@@ -181,6 +184,10 @@ def run_mode(mode: Mode, records: int, opts: Options) -> bench.Result:
     try:
         if mode.kind == "raw":
             result = bench.run_raw(run, opts.timeout_s)
+        elif mode.kind == "ours" and mode.store == "disk":
+            state_dir = RUN_DIR / run.run_id / "state"  # removed by cleanup(), as Quix's
+            state_dir.mkdir(parents=True)
+            result = bench.run_runner(run, opts.timeout_s, state_store="disk", state_dir=str(state_dir))
         elif mode.kind == "ours":
             result = bench.run_runner(run, opts.timeout_s)
         else:
@@ -240,12 +247,12 @@ def throughput_table(results: Mapping[str, bench.Result], records: int) -> str:
             f"{' / '.join(bench._rate(x) for x in r.runs)} | {'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'yes' if r.rate is not None and not r.error else r.error or 'no'} |"
         )
-    rows += ["", "| comparison | ours / Quix | target >= 1.5x |", "|---|---:|---|"]
-    for ours, quix, what in COMPARISONS:
+    rows += ["", "| comparison | ours / Quix | target |", "|---|---:|---|"]
+    for ours, quix, what, target in COMPARISONS:
         if ours in results and quix in results:
             ratio = bench._ratio(results[ours], results[quix])
-            verdict = "-" if ratio is None else ("met" if ratio >= TARGET else "MISSED")
-            rows.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | {verdict} |")
+            verdict = "-" if ratio is None else ("met" if ratio >= target else "MISSED")
+            rows.append(f"| {what} | {'-' if ratio is None else f'{ratio:.2f}'} | >= {target}x: {verdict} |")
     return "\n".join(rows)
 
 
