@@ -67,7 +67,7 @@ from tools.bench import throughput as bench
 
 log = logging.getLogger("tools.bench.peers")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (tools/bench/peers/bench.py)
 QUIX_SCRIPT = Path(__file__).with_name("quix_running_totals.py")
 RUN_DIR = ROOT / ".run" / "peers"
 PARTITIONS = 3
