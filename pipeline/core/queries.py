@@ -173,6 +173,26 @@ class StandbyRead:
         }
 
 
+class RowsRead:
+    """A partition's committed state read from a store that holds only committed state, each read with the
+    committed input offset it reflects, both of one snapshot (the PostgreSQL sink's tables: one statement each,
+    pipeline/sinks/postgres/queries.py). `committed_offset`: that of the last read (None: nothing committed yet)."""
+
+    def __init__(self, input_topic: str) -> None:
+        self.input_topic = input_topic
+        self.committed_offset: int | None = None
+
+    def committed_get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        raise NotImplementedError
+
+    def offset_now(self) -> int | None:
+        """The partition's committed input offset now (?min_offset=)."""
+        raise NotImplementedError
+
+
 class Queries:
     """What the HTTP thread asks of one runner. `tasks`: the runner's dict p -> task (read, never changed here: each
     get is atomic); `partitions()`: the input topic's partition count; `owner(p)`: the address of p's owner per the
@@ -188,8 +208,10 @@ class Queries:
         tables: Mapping[str, TableView] | None = None,
         address: str = "",
         standbys: StandbyReads | None = None,
+        rows: Callable[[int], RowsRead] | None = None,
     ) -> None:
         self.app, self.settings, self.tasks, self.address, self.standbys = app, settings, tasks, address, standbys
+        self._rows = rows  # a partition not served from memory here is read there (the PostgreSQL sink's tables)
         self._partitions, self._owner, self._tables = partitions, owner, tables or {}
         self._token = settings.query_token.encode() if settings.query_token else b""
         self._partitioner = PARTITIONERS[settings.query_partitioner]
@@ -288,14 +310,17 @@ class Queries:
 
     # -- who answers -----------------------------------------------------------------------------------------------
     def _serving(
-        self, p: int, params: Mapping[str, str], path: str, standby: bool = True
-    ) -> Task | StandbyRead | Reply:
-        """p's task if this process serves p now, after the ?min_offset= wait; with ?allow_standby=1 (and `standby`)
-        p's warm copy if it keeps one instead; else the reply that says why not."""
+        self, p: int, params: Mapping[str, str], path: str, elsewhere: bool = True
+    ) -> Task | StandbyRead | RowsRead | Reply:
+        """p's task if this process serves p now, after the ?min_offset= wait; if not, and `elsewhere` (the state,
+        not a table): the committed rows (PostgreSQL sink), or with ?allow_standby=1 p's warm copy if this process
+        keeps one; else the reply that says why not."""
         task = self.tasks.get(p)
         phase = None if task is None else task.phase
+        if elsewhere and self._rows is not None and phase not in (Phase.RUNNING, Phase.REWINDING, Phase.STOPPED):
+            return self._rows_serving(p, params)
         if task is None or phase in (Phase.DROPPED, Phase.CLOSED):
-            copy = self._copy(p) if standby and params.get("allow_standby") in ("1", "true") else None
+            copy = self._copy(p) if elsewhere and params.get("allow_standby") in ("1", "true") else None
             if copy is not None:
                 return self._standby_serving(copy, params)
             address = self._owner(p)
@@ -343,9 +368,28 @@ class Queries:
             read = StandbyRead(copy, self.standbys)
         return read
 
-    def _read(self, task: Task | StandbyRead, read: Callable[[Any], Any], key: str | None) -> tuple[int | None, Any]:
+    def _rows_serving(self, p: int, params: Mapping[str, str]) -> RowsRead | Reply:
+        """p's committed rows, once they are past ?min_offset= (asked every few ms up to QUERY_WAIT_MS)."""
+        assert self._rows is not None
+        read = self._rows(p)
+        if "min_offset" not in params:
+            return read
+        wanted, until = int(params["min_offset"]), time.monotonic() + self.settings.query_wait_ms / 1000
+        while (now := read.offset_now()) is None or now <= wanted:
+            if time.monotonic() >= until:
+                message = f"waited {self.settings.query_wait_ms} ms for partition {p} to commit past input offset "
+                return error(503, message + f"{wanted}; committed up to {now}", retry_after=True)
+            time.sleep(5 * WAIT_STEP_S)  # a database round trip each
+        return read
+
+    def _read(
+        self, task: Task | StandbyRead | RowsRead, read: Callable[[Any], Any], key: str | None
+    ) -> tuple[int | None, Any]:
         """(committed offset, what `read` found in the committed state), both of one commit: Task.commit_lock keeps
-        a commit from moving the state and the offset between the two."""
+        a commit from moving the state and the offset between the two. Rows: the read sets the offset itself."""
+        if isinstance(task, RowsRead):
+            found = read(task)
+            return task.committed_offset, found
         with task.commit_lock:
             state, offset = task.state, task.committed_offset
             found = read(state)
@@ -366,8 +410,8 @@ class Queries:
         if spec is None:
             raise ValueError(f"no table {name!r} (this App has {sorted({*self._tables, *self.app.table_specs})})")
         p = self.partition_of(key, params, spec.key_serde)
-        task = self._serving(p, params, path, standby=False)  # a copy holds the state, not the tables' stores
-        assert not isinstance(task, StandbyRead)  # standby=False
+        task = self._serving(p, params, path, elsewhere=False)  # a copy or the rows hold the state, not the tables
+        assert not isinstance(task, (StandbyRead, RowsRead))  # elsewhere=False
         if isinstance(task, Reply):
             return task
         store = getattr(task, "tables", {}).get(spec.topic)  # MultiInputTask's: topic -> TableStore
