@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.app import App, Table
 from pipeline.cli import main
-from pipeline.core.queries import Queries, StandbyReads, murmur2
+from pipeline.core.queries import Queries, RowsRead, StandbyReads, murmur2
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.examples.windowed_totals import app as windowed_totals
 from pipeline.kafka.liveness import Beat, Peers
@@ -458,3 +458,52 @@ def test_the_directory_carries_the_owners_committed_offsets() -> None:
     assert peers.committed(0, now=11.2) is None  # not heard within the bound
     beat = Beat("d", partitions=(3, 4), offsets=(5, 6))
     assert Beat.decode(beat.encode()) == beat
+
+
+# -- a store of committed rows (the PostgreSQL sink's tables) --------------------------------------------------------
+class Rows(RowsRead):
+    """p's committed rows as the tables would give them: `data` and `offset` move together (one statement)."""
+
+    def __init__(self, data: dict[str, bytes], offset: list[int]) -> None:
+        super().__init__("in")
+        self.data, self.offset = data, offset
+
+    def committed_get(self, key: str) -> bytes | None:
+        self.committed_offset = self.offset[0]
+        return self.data.get(key)
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        self.committed_offset = self.offset[0]
+        return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))[:limit]
+
+    def offset_now(self) -> int | None:
+        return self.offset[0]
+
+
+def test_a_partition_not_running_here_is_read_from_the_committed_rows() -> None:
+    driver = AppDriver(running_totals, partitions=2)
+    driver.send("acct-1", {"id": 1, "amount": 5})
+    p = driver._partition(None, b"acct-1")
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True, query_partitioner="crc32", query_wait_ms=2000)
+    offset = [4]
+    rows = Rows({"acct-1": b"[4, 40]"}, offset)
+    queries = Queries(driver.app, s, {1 - p: driver.tasks[1 - p]}, lambda: 2, rows=lambda q: rows)
+    assert answer(queries, "/state/acct-1") == (
+        200,
+        {"key": "acct-1", "partition": p, "topic": "in", "offset": 4, "found": True, "value": [4, 40]},
+    )
+    assert answer(queries, f"/state?prefix=acct&partition={p}")[1]["entries"] == [{"key": "acct-1", "value": [4, 40]}]
+    advance = threading.Timer(0.2, lambda: offset.__setitem__(0, 6))
+    advance.start()
+    assert answer(queries, "/state/acct-1?min_offset=5")[1]["offset"] == 6  # waited for the rows to move past 5
+    advance.join()
+    other = next(f"acct-{i}" for i in range(2, 50) if driver._partition(None, f"acct-{i}".encode()) == 1 - p)
+    driver.send(other, {"id": 2, "amount": 7})
+    assert answer(queries, f"/state/{other}")[1] == {  # the partition running here: its task's, from memory
+        "key": other,
+        "partition": 1 - p,
+        "topic": "totals-input",
+        "offset": 1,
+        "found": True,
+        "value": [1, 7],
+    }
