@@ -18,7 +18,8 @@ Only committed state (docs/guarantees.md: committed-reads): the values come from
 `committed_range`, never a change of an open or aborted transaction, and the answer names the input position it
 reflects: `offset`, the partition's committed offset (every input record below it, none from it on). A partition
 restoring answers 503 with Retry-After; one owned elsewhere 307 to its owner's address from the directory (the
-heartbeats, pipeline/kafka/liveness.py); one nobody is known to own 503. With QUERY_TOKEN set, a request without
+heartbeats, pipeline/kafka/liveness.py); one nobody is known to own 503. The PostgreSQL sink reads a partition it
+does not run from its tables instead (pipeline/sinks/postgres/queries.py). With QUERY_TOKEN set, a request without
 `Authorization: Bearer <token>` gets 401. Neither the token nor any value is ever logged.
 
 Settings: QUERY_ENABLED (off by default; needs METRICS_PORT), QUERY_TOKEN (a Secret), QUERY_ADDRESS (host:port at
@@ -163,8 +164,9 @@ class StandbyRead:
 
     def fields(self) -> dict[str, Any]:
         """What a standby's answer adds: that it is one, and how far behind the owner it is, as far as known."""
-        known = self.owner_offset is not None and self.committed_offset is not None
-        behind = max(0, self.owner_offset - self.committed_offset) if known else None  # type: ignore[operator]
+        behind = None
+        if self.owner_offset is not None and self.committed_offset is not None:
+            behind = max(0, self.owner_offset - self.committed_offset)  # the owner's beat may be older than the copy
         return {
             "standby": True,
             "changelog_offset": self.changelog_offset,
