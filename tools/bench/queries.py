@@ -240,9 +240,13 @@ def main(argv: list[str] | None = None) -> int:
             after = [metrics(port) for port in ports], [cpu_seconds(i.pid) for i in instances], time.monotonic()
             report(phase, before, after, latencies, args.seconds)
     finally:
-        for instance in instances:
+        for instance in instances:  # all at once: one stopped alone hands its partitions to the other first
             instance.terminate()
-            instance.wait(60)
+        for instance in instances:
+            try:
+                instance.wait(60)
+            except subprocess.TimeoutExpired:
+                instance.kill()
         feeder.kill()
         print(f"logs: {logs}")
     return 0
