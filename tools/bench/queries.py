@@ -12,7 +12,7 @@ query's send to its answer, the rate achieved and how many queries left late; pe
 second, the processes' CPU (s per s) and the end-to-end latency's mean from their /metrics. The querier, the
 producer and the pipeline are separate processes. Results: BENCHMARKS.md.
 
-    python -m tools.bench.queries                      # 5,000 rec/s, 1,000 queries/s, 20 s per phase
+    python -m tools.bench.queries                      # 5,000 rec/s, 1,000 queries/s, 20 s per phase, 2 queriers
     python -m tools.bench.queries --rate 5000 --qps 1000 --seconds 30
 """
 
@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=5_000, help="input records per second")
     parser.add_argument("--qps", type=int, default=1_000, help="queries per second")
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase")
-    parser.add_argument("--clients", type=int, default=4, help="querier processes sharing the pace")
+    # 2: each querier process costs CPU on the same cores (4 gave p99 13-15 ms where 2 gave 8.7 and 1 gave 6.3, the
+    # one falling behind its schedule more often); BENCHMARKS.md
+    parser.add_argument("--clients", type=int, default=2, help="querier processes sharing the pace")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the instances are stopped on the way out
     suffix = uuid.uuid4().hex[:8]
