@@ -162,6 +162,9 @@ def _add_query_parser(
     query.add_argument("--limit", type=_positive, help="a range's most keys (default 100)")
     query.add_argument("--partition", type=int, help="the partition (default: the key's, by QUERY_PARTITIONER)")
     query.add_argument("--min-offset", type=int, help="answer once the partition committed past this input offset")
+    query.add_argument(
+        "--allow-standby", action="store_true", help="a warm standby copy may answer (the answer says how far behind)"
+    )
     query.add_argument("--timeout", type=float, default=10.0, help="seconds, redirects and restores included")
     query.set_defaults(command=_query)
 
@@ -178,6 +181,7 @@ def _query(args: argparse.Namespace) -> int:
         raise CommandFailed("pipeline query: a KEY, or --prefix for a range")
     url = args.url or f"http://{settings.query_address or f'127.0.0.1:{settings.metrics_port}'}"
     params = {"partition": args.partition, "min_offset": args.min_offset, "prefix": args.prefix, "limit": args.limit}
+    params["allow_standby"] = args.allow_standby or None
     ranged = args.prefix is not None  # KEY then names the range's partition
     try:
         answer = query(

@@ -256,12 +256,12 @@ def _handler(
         def _reply(
             self, status: int, body: bytes, content_type: str = "text/plain", headers: Mapping[str, str] | None = None
         ) -> None:
-            self.send_response(status)
-            for name, value in {"Content-Type": content_type, **(headers or {})}.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            """Status line, headers and body in one write: a second write would wait for the GIL again (the poll
+            loop takes it at the first write's release, for up to the switch interval) while the client waits."""
+            lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}"]
+            lines += [f"{name}: {value}" for name, value in {"Content-Type": content_type, **(headers or {})}.items()]
+            lines += [f"Content-Length: {len(body)}", "\r\n"]
+            self.wfile.write("\r\n".join(lines).encode("latin-1") + body)
 
         def log_message(self, format: str, *args: object) -> None:
             pass

@@ -65,7 +65,7 @@ def query(
 ) -> Answer:
     """GET the committed value of `key` (or, key None, a range: prefix=, limit=, and the partition of
     `partition_key` or partition=) from the instance at `url` (http://host:port), following redirects to the owner;
-    params: min_offset=, partition=.
+    params: min_offset=, partition=, allow_standby=True (a standby copy may answer: body["standby"], ["behind"]).
     A 503 (restoring, moving, a min_offset not reached) is asked again after its Retry-After until `timeout_s`;
     QueryError for anything but 200 and 404."""
     deadline = time.monotonic() + timeout_s

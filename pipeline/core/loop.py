@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
-from pipeline.core.queries import Queries
+from pipeline.core.queries import Queries, serve_promptly
 from pipeline.core.schedule import Schedule
 from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.kafka.records import Consumed
@@ -118,6 +118,8 @@ class PollLoop:
             )
         port = self.settings.metrics_port
         queries = self._queries() if self.settings.query_enabled else None
+        if queries is not None:
+            serve_promptly()
         routes = queries.route if queries is not None else None
         host, live = self.settings.metrics_host, self.is_live
         health = HealthServer(self.metrics, self.is_ready, port, host, is_live=live, routes=routes) if port else None

@@ -8,12 +8,18 @@
                                              co-partitioned one's committed value from the key's partition
     ?min_offset=N                            answer once the partition committed past input offset N (waits up to
                                              QUERY_WAIT_MS, else 503 naming what it waited for): read your own writes
+    ?allow_standby=1                         (state, not tables) a process that keeps a warm standby copy of the
+                                             partition (STANDBY_REPLICAS) answers from it instead of redirecting:
+                                             `standby: true`, `offset` the input offset of the last transaction the
+                                             copy applied, `owner_offset` the owner's committed one per its heartbeat
+                                             and `behind` the difference (null: not known)
 
 Only committed state (docs/guarantees.md: committed-reads): the values come from `PartitionState.committed_get` and
 `committed_range`, never a change of an open or aborted transaction, and the answer names the input position it
 reflects: `offset`, the partition's committed offset (every input record below it, none from it on). A partition
 restoring answers 503 with Retry-After; one owned elsewhere 307 to its owner's address from the directory (the
-heartbeats, pipeline/kafka/liveness.py); one nobody is known to own 503. With QUERY_TOKEN set, a request without
+heartbeats, pipeline/kafka/liveness.py); one nobody is known to own 503. The PostgreSQL sink reads a partition it
+does not run from its tables instead (pipeline/sinks/postgres/queries.py). With QUERY_TOKEN set, a request without
 `Authorization: Bearer <token>` gets 401. Neither the token nor any value is ever logged.
 
 Settings: QUERY_ENABLED (off by default; needs METRICS_PORT), QUERY_TOKEN (a Secret), QUERY_ADDRESS (host:port at
@@ -25,9 +31,11 @@ elsewhere answers 503.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import socket
+import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -42,6 +50,7 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Phase
 from pipeline.core.task import Task
 from pipeline.settings import Settings
+from pipeline.state.restore_setup import StandbyCopy
 from pipeline.state.tables import TableView
 from pipeline.state.timed import RESERVED, TTL_PREFIX, WallTtlState
 
@@ -49,6 +58,10 @@ log = logging.getLogger(__name__)
 MAX_LIMIT = 1_000  # keys in one range answer at most
 WAIT_STEP_S = 0.002  # how often a ?min_offset= wait looks at the committed offset
 RETRY_AFTER_S = 1
+# The GIL's switch interval while queries are served. An HTTP thread woken by a request waits for the GIL until the
+# poll loop's thread lets go of it, at the latest after this interval: with Python's 5 ms a local read's p99 was 9 ms
+# at 1,000 queries/s (BENCHMARKS.md). The poll loop pays a thread switch per query that arrives while it runs.
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,11 @@ class Reply:
     body: bytes
     headers: Mapping[str, str] = field(default_factory=dict)
     content_type: str = "application/json"
+
+
+def serve_promptly() -> None:
+    """Called once by a runner that serves queries: the HTTP threads get the GIL within SWITCH_INTERVAL_S."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def murmur2(data: bytes) -> int:
@@ -120,6 +138,63 @@ def _expired(state: Any, key: str) -> bool:
     return deadline is not None and int(deadline) <= state.wall_clock()
 
 
+@dataclass(frozen=True)
+class StandbyReads:
+    """What `?allow_standby=1` reads: this process's warm copies (Standbys.copies, p -> StandbyCopy: a dict the
+    HTTP thread only gets from) and the owners' committed input offsets per the directory's heartbeats."""
+
+    copies: Mapping[int, StandbyCopy]
+    owner_committed: Callable[[int], int | None]
+    input_topic: str
+
+
+class StandbyRead:
+    """A warm standby copy read as `_read` reads a task. Its changelog position and last checkpoint are taken before
+    its state is read: the copy applies committed changelog only, in order, and moves both after the records, so the
+    value read reflects at least that input offset."""
+
+    commit_lock = contextlib.nullcontext()  # the copy's writer never opens a transaction: nothing to hold still
+
+    def __init__(self, copy: StandbyCopy, reads: StandbyReads) -> None:
+        self.input_topic, self.changelog_offset = reads.input_topic, copy.position
+        checkpoint = copy.last_checkpoint
+        self.committed_offset = None if checkpoint is None else checkpoint.next_input_offset
+        self.owner_offset = reads.owner_committed(copy.partition)
+        self.state = copy.state
+
+    def fields(self) -> dict[str, Any]:
+        """What a standby's answer adds: that it is one, and how far behind the owner it is, as far as known."""
+        behind = None
+        if self.owner_offset is not None and self.committed_offset is not None:
+            behind = max(0, self.owner_offset - self.committed_offset)  # the owner's beat may be older than the copy
+        return {
+            "standby": True,
+            "changelog_offset": self.changelog_offset,
+            "owner_offset": self.owner_offset,
+            "behind": behind,
+        }
+
+
+class RowsRead:
+    """A partition's committed state read from a store that holds only committed state, each read with the
+    committed input offset it reflects, both of one snapshot (the PostgreSQL sink's tables: one statement each,
+    pipeline/sinks/postgres/queries.py). `committed_offset`: that of the last read (None: nothing committed yet)."""
+
+    def __init__(self, input_topic: str) -> None:
+        self.input_topic = input_topic
+        self.committed_offset: int | None = None
+
+    def committed_get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        raise NotImplementedError
+
+    def offset_now(self) -> int | None:
+        """The partition's committed input offset now (?min_offset=)."""
+        raise NotImplementedError
+
+
 class Queries:
     """What the HTTP thread asks of one runner. `tasks`: the runner's dict p -> task (read, never changed here: each
     get is atomic); `partitions()`: the input topic's partition count; `owner(p)`: the address of p's owner per the
@@ -134,8 +209,11 @@ class Queries:
         owner: Callable[[int], str | None] = lambda p: None,
         tables: Mapping[str, TableView] | None = None,
         address: str = "",
+        standbys: StandbyReads | None = None,
+        rows: Callable[[int], RowsRead] | None = None,
     ) -> None:
-        self.app, self.settings, self.tasks, self.address = app, settings, tasks, address
+        self.app, self.settings, self.tasks, self.address, self.standbys = app, settings, tasks, address, standbys
+        self._rows = rows  # a partition not served from memory here is read there (the PostgreSQL sink's tables)
         self._partitions, self._owner, self._tables = partitions, owner, tables or {}
         self._token = settings.query_token.encode() if settings.query_token else b""
         self._partitioner = PARTITIONERS[settings.query_partitioner]
@@ -187,7 +265,8 @@ class Queries:
         offset, encoded = self._read(task, lambda state: state.committed_get(key), key)
         value = None if encoded is None else self._decode(encoded)
         body = {"key": key, "partition": p, "topic": task.input_topic, "offset": offset, "found": encoded is not None}
-        return json_reply(200 if encoded is not None else 404, {**body, "value": value})
+        extra = task.fields() if isinstance(task, StandbyRead) else {}
+        return json_reply(200 if encoded is not None else 404, {**body, "value": value, **extra})
 
     def _range(self, params: Mapping[str, str], path: str) -> Reply:
         prefix = params.get("prefix", "")
@@ -202,7 +281,8 @@ class Queries:
             return task
         offset, entries = self._read(task, lambda state: self._visible_range(state, prefix, limit), None)
         items = [{"key": k, "value": self._decode(v)} for k, v in entries]
-        return json_reply(200, {"partition": p, "topic": task.input_topic, "offset": offset, "entries": items})
+        extra = task.fields() if isinstance(task, StandbyRead) else {}
+        return json_reply(200, {"partition": p, "topic": task.input_topic, "offset": offset, "entries": items, **extra})
 
     @staticmethod
     def _visible_range(state: Any, prefix: str, limit: int) -> list[tuple[str, bytes]]:
@@ -231,11 +311,20 @@ class Queries:
         return self._partitioner(encoded if isinstance(encoded, bytes) else key.encode(), count)
 
     # -- who answers -----------------------------------------------------------------------------------------------
-    def _serving(self, p: int, params: Mapping[str, str], path: str) -> Task | Reply:
-        """p's task if this process serves p now, after the ?min_offset= wait; else the reply that says why not."""
+    def _serving(
+        self, p: int, params: Mapping[str, str], path: str, elsewhere: bool = True
+    ) -> Task | StandbyRead | RowsRead | Reply:
+        """p's task if this process serves p now, after the ?min_offset= wait; if not, and `elsewhere` (the state,
+        not a table): the committed rows (PostgreSQL sink), or with ?allow_standby=1 p's warm copy if this process
+        keeps one; else the reply that says why not."""
         task = self.tasks.get(p)
         phase = None if task is None else task.phase
+        if elsewhere and self._rows is not None and phase not in (Phase.RUNNING, Phase.REWINDING, Phase.STOPPED):
+            return self._rows_serving(p, params)
         if task is None or phase in (Phase.DROPPED, Phase.CLOSED):
+            copy = self._copy(p) if elsewhere and params.get("allow_standby") in ("1", "true") else None
+            if copy is not None:
+                return self._standby_serving(copy, params)
             address = self._owner(p)
             if address and address != self.address:
                 return Reply(307, b"", {"Location": f"http://{address}{quote(path, safe='/?&=%:@')}"})
@@ -260,9 +349,49 @@ class Queries:
             time.sleep(WAIT_STEP_S)
         return True
 
-    def _read(self, task: Task, read: Callable[[Any], Any], key: str | None) -> tuple[int | None, Any]:
+    def _copy(self, p: int) -> StandbyCopy | None:
+        return None if self.standbys is None else self.standbys.copies.get(p)
+
+    def _standby_serving(self, copy: StandbyCopy, params: Mapping[str, str]) -> StandbyRead | Reply:
+        """p's warm copy, once it applied a transaction past ?min_offset= (waited for as an owner's commit)."""
+        assert self.standbys is not None  # _copy found the copy there
+        read = StandbyRead(copy, self.standbys)
+        if "min_offset" not in params:
+            return read
+        wanted, until = int(params["min_offset"]), time.monotonic() + self.settings.query_wait_ms / 1000
+        while (read.committed_offset or 0) <= wanted:
+            if time.monotonic() >= until or self._copy(copy.partition) is not copy:
+                message = (
+                    f"waited {self.settings.query_wait_ms} ms for the standby copy of partition {copy.partition} to "
+                    f"apply input offset {wanted}; applied up to {read.committed_offset}"
+                )
+                return error(503, message, retry_after=True)
+            time.sleep(WAIT_STEP_S)
+            read = StandbyRead(copy, self.standbys)
+        return read
+
+    def _rows_serving(self, p: int, params: Mapping[str, str]) -> RowsRead | Reply:
+        """p's committed rows, once they are past ?min_offset= (asked every few ms up to QUERY_WAIT_MS)."""
+        assert self._rows is not None
+        read = self._rows(p)
+        if "min_offset" not in params:
+            return read
+        wanted, until = int(params["min_offset"]), time.monotonic() + self.settings.query_wait_ms / 1000
+        while (now := read.offset_now()) is None or now <= wanted:
+            if time.monotonic() >= until:
+                message = f"waited {self.settings.query_wait_ms} ms for partition {p} to commit past input offset "
+                return error(503, message + f"{wanted}; committed up to {now}", retry_after=True)
+            time.sleep(5 * WAIT_STEP_S)  # a database round trip each
+        return read
+
+    def _read(
+        self, task: Task | StandbyRead | RowsRead, read: Callable[[Any], Any], key: str | None
+    ) -> tuple[int | None, Any]:
         """(committed offset, what `read` found in the committed state), both of one commit: Task.commit_lock keeps
-        a commit from moving the state and the offset between the two."""
+        a commit from moving the state and the offset between the two. Rows: the read sets the offset itself."""
+        if isinstance(task, RowsRead):
+            found = read(task)
+            return task.committed_offset, found
         with task.commit_lock:
             state, offset = task.state, task.committed_offset
             found = read(state)
@@ -283,7 +412,8 @@ class Queries:
         if spec is None:
             raise ValueError(f"no table {name!r} (this App has {sorted({*self._tables, *self.app.table_specs})})")
         p = self.partition_of(key, params, spec.key_serde)
-        task = self._serving(p, params, path)
+        task = self._serving(p, params, path, elsewhere=False)  # a copy or the rows hold the state, not the tables
+        assert not isinstance(task, (StandbyRead, RowsRead))  # elsewhere=False
         if isinstance(task, Reply):
             return task
         store = getattr(task, "tables", {}).get(spec.topic)  # MultiInputTask's: topic -> TableStore

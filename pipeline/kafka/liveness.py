@@ -70,6 +70,8 @@ class Beat:
     # owns: every process's directory of who answers for which partition
     query_address: str = ""
     partitions: tuple[int, ...] = ()
+    # The committed input offset of each of `partitions` (-1: none yet): how far a standby's answer is behind
+    offsets: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -80,7 +82,8 @@ class Beat:
         try:
             fields = orjson.loads(raw)
             known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
-            return cls(**{**known, "partitions": tuple(known.get("partitions", ()))})
+            sequences = {name: tuple(known.get(name, ())) for name in ("partitions", "offsets")}
+            return cls(**{**known, **sequences})
         except (orjson.JSONDecodeError, TypeError, AttributeError):
             return None
 
@@ -139,6 +142,17 @@ class Peers:
             if b.query_address and partition in b.partitions and not b.stopping
         ]
         fresh = [claim for claim in claims if now - claim[0] <= self.bound_s]
+        return max(fresh)[1] if fresh else None
+
+    def committed(self, partition: int, now: float) -> int | None:
+        """The committed input offset of `partition` in its owner's latest beat heard within the bound (the newest
+        such beat if two claim it); None if none says. From other threads, as `owner`."""
+        claims = [
+            (self.last_heard.get(b.incarnation, float("-inf")), b.offsets[b.partitions.index(partition)])
+            for b in list(self.beats.values())
+            if partition in b.partitions and len(b.offsets) == len(b.partitions) and not b.stopping
+        ]
+        fresh = [claim for claim in claims if now - claim[0] <= self.bound_s and claim[1] >= 0]
         return max(fresh)[1] if fresh else None
 
     def _replaced_by(self, successor: str, incarnation: str, now: float) -> bool:
@@ -246,13 +260,17 @@ class Liveness:
         if member_id and member_id != self.beat.member_id:
             self.beat = replace(self.beat, member_id=member_id)
 
-    def serving(self, address: str, partitions: tuple[int, ...]) -> None:
-        """QUERY_ENABLED: the next beats say where this process answers queries, for which input partitions."""
-        if (address, partitions) != (self.beat.query_address, self.beat.partitions):
-            self.beat = replace(self.beat, query_address=address, partitions=partitions)
+    def serving(self, address: str, partitions: tuple[int, ...], offsets: tuple[int, ...] = ()) -> None:
+        """QUERY_ENABLED: the next beats say where this process answers queries, for which input partitions, and
+        their committed input offsets (-1: none yet)."""
+        if (address, partitions, offsets) != (self.beat.query_address, self.beat.partitions, self.beat.offsets):
+            self.beat = replace(self.beat, query_address=address, partitions=partitions, offsets=offsets)
 
     def owner(self, partition: int) -> str | None:
         return self.peers.owner(partition, time.monotonic())
+
+    def committed(self, partition: int) -> int | None:
+        return self.peers.committed(partition, time.monotonic())
 
     def stop(self) -> None:
         self._stop.set()

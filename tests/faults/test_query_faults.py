@@ -197,3 +197,71 @@ def _answers(port: int, key: str) -> int:
 def _caught_up(run) -> bool:
     ends = committed_offsets(run.bootstrap, run.app_id, run.input_topic, list(range(PARTITIONS)), 10)
     return sum(ends.values()) >= 100_000
+
+
+def test_a_standby_answers_when_asked_and_says_how_far_behind_it_is(fault_run):
+    """Two instances with STANDBY_REPLICAS=1: each keeps a warm copy of the other's partitions. Asked for a key it
+    does not own, an instance redirects to the owner; with ?allow_standby=1 it answers from its copy, says so, and
+    names the input offset the copy applied (at least) and the owner's committed one. Each such value must be one
+    the key had, per the checker's replay of the committed outputs, at that offset or later: a copy reads committed
+    changelog only, never an open or aborted transaction's."""
+    ports = [free_port(), free_port()]
+    run = fault_run(
+        query_enabled="true",
+        query_partitioner="crc32",
+        failure_detection_ms="1000",  # the heartbeats: the directory, the owners' committed offsets
+        standby_replicas="1",
+        commit_interval_ms="200",
+        test_abort_every="4",
+    )
+    records = list(inputs.running_totals_records(20_000, partitions=PARTITIONS, accounts=ACCOUNTS, seed=13))
+    run.feed(records, seconds=16)
+    run.start(0)
+    assert run.fleet is not None
+    instances = [run.fleet.start(1, **_env(port))[0] for port in ports]
+    eventually(lambda: all("standby copy warm" in i.log_path.read_text() for i in instances), 90, 0.2)
+    standby: list[tuple[int, int, str, Any]] = []  # partition, offset, key, value
+    behind_known = redirected = max_behind = 0
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        for port in ports:
+            for p in range(PARTITIONS):
+                key = f"account-{Querier._keys_of(p)[0]}"
+                plain, _, _ = _ask_path(port, f"/state/{key}?partition={p}")
+                status, body, _ = _ask_path(port, f"/state/{key}?partition={p}&allow_standby=1")
+                if status != 200 or not body.get("standby"):
+                    continue
+                assert plain == 307, f"a non-owner answered {plain} without allow_standby"
+                redirected += 1
+                standby.append((p, body["offset"] or 0, key, body["value"]))
+                behind_known += body["behind"] is not None
+                max_behind = max(max_behind, body["behind"] or 0)
+        time.sleep(0.05)
+    outcome = run.finish()
+    assert_exactly_once(outcome)
+    assert len(standby) >= 20 and redirected, f"{len(standby)} standby answers\n{run.fleet.logs()}"
+    assert behind_known, "no standby answer knew the owner's committed offset"
+    print(f"{len(standby)} standby answers, {behind_known} knowing how far behind, max behind {max_behind}")
+    assert outcome.verdict is not None
+    outputs = replayed(outcome.verdict.final_outputs)
+    wrong = []
+    for p, offset, key, value in standby:
+        later = [v for source_offset, account, v in outputs[p] if account == key and source_offset >= offset]
+        if value not in [state_at(outputs[p], offset).get(key), *later]:
+            wrong.append((p, offset, key, value))
+    assert not wrong, (
+        f"{len(wrong)} of {len(standby)} standby answers never committed at or after their offset: {wrong}"
+    )
+
+
+def _ask_path(port: int, path: str) -> tuple[int, dict[str, Any], str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        raw = response.read()
+        return response.status, orjson.loads(raw) if raw else {}, response.getheader("Location") or ""
+    except (OSError, http.client.HTTPException):
+        return 0, {}, ""
+    finally:
+        connection.close()

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.app import App, Table
 from pipeline.cli import main
-from pipeline.core.queries import Queries, murmur2
+from pipeline.core.queries import Queries, RowsRead, StandbyReads, murmur2
 from pipeline.examples.running_totals import app as running_totals
 from pipeline.examples.windowed_totals import app as windowed_totals
 from pipeline.kafka.liveness import Beat, Peers
@@ -25,6 +25,8 @@ from pipeline.query_client import query
 from pipeline.settings import ConfigError, Settings
 from pipeline.sinks.kafka.commit import abort_transaction
 from pipeline.state import PartitionState
+from pipeline.state.changelog import Checkpoint
+from pipeline.state.restore_setup import StandbyCopy
 from pipeline.state.tables import TableStore
 from pipeline.testing.driver import AppDriver
 from tests.harness import Harness
@@ -390,3 +392,118 @@ def test_the_endpoint_binds_where_configured() -> None:
         Settings.load(env={"PIPELINE_QUERY_ENABLED": "true"})
     with pytest.raises(ConfigError, match="QUERY_PARTITIONER"):
         Settings.load(env={"PIPELINE_QUERY_PARTITIONER": "random"})
+
+
+# -- ?allow_standby=1 ------------------------------------------------------------------------------------------------
+def standby_setup(owner_offset: int | None) -> tuple[Queries, StandbyCopy, int]:
+    """A process that owns nothing and keeps a warm copy of acct-1's partition, applied up to input offset 1 (the
+    owner's state after its first record, borrowed from the driver), the owner elsewhere at `owner_offset`."""
+    driver = AppDriver(running_totals, partitions=2)
+    driver.send("acct-1", {"id": 1, "amount": 5})
+    p = driver._partition(None, b"acct-1")
+    copy = StandbyCopy(p, driver.tasks[p].state, 7, None, Checkpoint("in", p, 1))
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True, query_partitioner="crc32", query_wait_ms=2000)
+    reads = StandbyReads({p: copy}, lambda q: owner_offset if q == p else None, "in")
+    return Queries(driver.app, s, {}, lambda: 2, {p: "owner:1"}.get, address="me:1", standbys=reads), copy, p
+
+
+def test_a_standby_answers_only_when_allowed_and_says_how_far_behind_it_is() -> None:
+    queries, copy, p = standby_setup(owner_offset=3)
+    reply = queries.handle("/state/acct-1", {})
+    assert reply is not None and (reply.status, reply.headers["Location"]) == (307, "http://owner:1/state/acct-1")
+    status, body = answer(queries, "/state/acct-1?allow_standby=1")
+    assert status == 200 and body == {
+        "key": "acct-1",
+        "partition": p,
+        "topic": "in",
+        "offset": 1,
+        "found": True,
+        "value": [1, 5],
+        "standby": True,
+        "changelog_offset": 7,
+        "owner_offset": 3,
+        "behind": 2,
+    }
+    status, body = answer(queries, f"/state?prefix=acct-&partition={p}&allow_standby=1")
+    assert (status, body["entries"], body["standby"], body["behind"]) == (
+        200,
+        [{"key": "acct-1", "value": [1, 5]}],
+        True,
+        2,
+    )
+    copy_of_0 = StandbyReads({0: copy}, lambda q: None, "in")
+    tables = Queries(limits, queries.settings, {}, lambda: 1, {0: "owner:1"}.get, standbys=copy_of_0)
+    reply = tables.handle("/tables/limits/a?allow_standby=1&partition=0", {})  # a copy holds no table: redirected
+    assert reply is not None and reply.status == 307
+    unknown, _, _ = standby_setup(owner_offset=None)
+    assert answer(unknown, "/state/acct-1?allow_standby=1")[1]["behind"] is None  # the owner's beats not heard
+
+
+def test_a_standby_waits_for_min_offset_as_an_owner_does() -> None:
+    queries, copy, p = standby_setup(owner_offset=3)
+    status, body = answer(queries, "/state/acct-1?allow_standby=1&min_offset=1&partition=" + str(p))
+    assert status == 503 or body["offset"] > 1  # not yet applied past 1: waits, then (nothing moves) 503
+    assert status == 503 and "standby copy" in str(body["error"])
+    advance = threading.Timer(0.2, lambda: setattr(copy, "last_checkpoint", Checkpoint("in", p, 2)))
+    advance.start()
+    status, body = answer(queries, "/state/acct-1?allow_standby=1&min_offset=1")
+    advance.join()
+    assert (status, body["offset"], body["behind"]) == (200, 2, 1)
+
+
+def test_the_directory_carries_the_owners_committed_offsets() -> None:
+    peers = Peers("me", bound_s=1.0)
+    peers.heard(Beat("a", "m-a", query_address="a:1", partitions=(0, 1), offsets=(12, -1)), now=10.0)
+    assert [peers.committed(p, now=10.5) for p in (0, 1, 2)] == [12, None, None]
+    assert peers.committed(0, now=11.2) is None  # not heard within the bound
+    beat = Beat("d", partitions=(3, 4), offsets=(5, 6))
+    assert Beat.decode(beat.encode()) == beat
+
+
+# -- a store of committed rows (the PostgreSQL sink's tables) --------------------------------------------------------
+class Rows(RowsRead):
+    """p's committed rows as the tables would give them: `data` and `offset` move together (one statement)."""
+
+    def __init__(self, data: dict[str, bytes], offset: list[int]) -> None:
+        super().__init__("in")
+        self.data, self.offset = data, offset
+
+    def committed_get(self, key: str) -> bytes | None:
+        self.committed_offset = self.offset[0]
+        return self.data.get(key)
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        self.committed_offset = self.offset[0]
+        return sorted((k, v) for k, v in self.data.items() if k.startswith(prefix))[:limit]
+
+    def offset_now(self) -> int | None:
+        return self.offset[0]
+
+
+def test_a_partition_not_running_here_is_read_from_the_committed_rows() -> None:
+    driver = AppDriver(running_totals, partitions=2)
+    driver.send("acct-1", {"id": 1, "amount": 5})
+    p = driver._partition(None, b"acct-1")
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True, query_partitioner="crc32", query_wait_ms=2000)
+    offset = [4]
+    rows = Rows({"acct-1": b"[4, 40]"}, offset)
+    queries = Queries(driver.app, s, {1 - p: driver.tasks[1 - p]}, lambda: 2, rows=lambda q: rows)
+    assert answer(queries, "/state/acct-1") == (
+        200,
+        {"key": "acct-1", "partition": p, "topic": "in", "offset": 4, "found": True, "value": [4, 40]},
+    )
+    assert answer(queries, f"/state?prefix=acct&partition={p}")[1]["entries"] == [{"key": "acct-1", "value": [4, 40]}]
+    advance = threading.Timer(0.2, lambda: offset.__setitem__(0, 6))
+    advance.start()
+    assert answer(queries, "/state/acct-1?min_offset=5")[1]["offset"] == 6  # waited for the rows to move past 5
+    advance.join()
+    other = next(f"acct-{i}" for i in range(2, 50) if driver._partition(None, f"acct-{i}".encode()) == 1 - p)
+    driver.send(other, {"id": 2, "amount": 7})
+    assert answer(queries, f"/state/{other}")[1] == {  # the partition running here: its task's, from memory
+        "key": other,
+        "partition": 1 - p,
+        "topic": "totals-input",
+        "offset": 1,
+        "found": True,
+        "value": [1, 7],
+    }

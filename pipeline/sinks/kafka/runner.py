@@ -35,7 +35,7 @@ from pipeline.core.deadletter import dead_letter_topic
 from pipeline.core.lifecycle import Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
-from pipeline.core.queries import Queries, own_address
+from pipeline.core.queries import Queries, StandbyReads, own_address
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.kafka.kafka_python import quick_fence
@@ -387,9 +387,12 @@ class KafkaRunner(TakeOver, PollLoop):
     def _queries(self) -> Queries:
         tables = self.global_tables.views if self.global_tables is not None else {}
         owner = self.liveness.owner if self.liveness is not None else (lambda p: None)
-        return Queries(
-            self.app, self.settings, self.tasks, self._input_partitions, owner, tables, own_address(self.settings)
-        )
+        standbys = None
+        if self.standbys is not None:  # ?allow_standby=1: the copies, how far the owners got per their beats
+            committed = self.liveness.committed if self.liveness is not None else (lambda p: None)
+            standbys = StandbyReads(self.standbys.copies, committed, self.input_topic)
+        address = own_address(self.settings)
+        return Queries(self.app, self.settings, self.tasks, self._input_partitions, owner, tables, address, standbys)
 
     def _input_partitions(self) -> int:
         """The input topic's partition count, asked once (a co-partitioned App's never changes under it)."""
@@ -404,8 +407,9 @@ class KafkaRunner(TakeOver, PollLoop):
         if self.liveness is None or not self.settings.query_enabled or now - self._serving_told_at < 0.1:
             return
         self._serving_told_at = now
-        owned = tuple(sorted(p for p, t in self.tasks.items() if t.phase not in (Phase.DROPPED, Phase.CLOSED)))
-        self.liveness.serving(own_address(self.settings), owned)
+        serving = sorted((p, t) for p, t in self.tasks.items() if t.phase not in (Phase.DROPPED, Phase.CLOSED))
+        offsets = tuple(-1 if t.committed_offset is None else t.committed_offset for _, t in serving)
+        self.liveness.serving(own_address(self.settings), tuple(p for p, _ in serving), offsets)
 
     def _close_partition(self, p: int, commit: bool) -> None:
         self.restores.forget(p)

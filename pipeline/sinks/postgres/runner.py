@@ -42,6 +42,7 @@ from pipeline.core.configure import configured
 from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.loop import BUSY_WAIT_S, IDLE_WAIT_S, REFENCE_AFTER_S, PollLoop
 from pipeline.core.processing import InputRecordsDeleted, PoisonRecordStop
+from pipeline.core.queries import Queries, own_address
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
@@ -50,6 +51,7 @@ from pipeline.retry import Backoff
 from pipeline.settings import ConfigError, Settings
 from pipeline.sinks.postgres.commit import commit_batch
 from pipeline.sinks.postgres.inputs import PostgresMultiTask, global_tables_for, table_restore_for
+from pipeline.sinks.postgres.queries import CommittedRows
 from pipeline.sinks.postgres.schema import connection_kwargs, describe_dsn, prepare_database
 from pipeline.sinks.postgres.tables import sink_of
 from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed
@@ -102,6 +104,8 @@ class PostgresRunner(PollLoop):
         self.pool: psycopg_pool.ConnectionPool | None = None
         self._ctx: PostgresTaskContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
+        self._query_rows: CommittedRows | None = None  # QUERY_ENABLED: the tables' reads (run() makes them)
+        self._input_partition_count: int | None = None
 
     @property
     def ctx(self) -> PostgresTaskContext:
@@ -174,6 +178,8 @@ class PostgresRunner(PollLoop):
     def _shutdown(self) -> None:
         for p in list(self.tasks):
             self._close_partition(p, commit=True)
+        if self._query_rows is not None:
+            self._query_rows.close()
         if self.consumer is not None:
             self.input.close()
         if self.global_tables is not None:
@@ -398,6 +404,23 @@ class PostgresRunner(PollLoop):
             return False
         del self._awaiting_globals[p]
         return True
+
+    def _queries(self) -> Queries:
+        """Owned partitions from memory, the others from the tables (pipeline/sinks/postgres/queries.py)."""
+        self._query_rows = CommittedRows(self.settings, self.app_id, self.input_topic)
+        address = own_address(self.settings)
+        return Queries(
+            self.app, self.settings, self.tasks, self._input_partitions, address=address, rows=self._query_rows
+        )
+
+    def _input_partitions(self) -> int:
+        """The input topic's partition count, asked once."""
+        if self._input_partition_count is None:
+            admin = self._admin
+            if admin is None:
+                raise RuntimeError("the runner is not open: open() makes the admin client")
+            self._input_partition_count = partition_counts(admin, self._timeout_s, [self.input_topic])[self.input_topic]
+        return self._input_partition_count
 
     def _admin_client(self) -> AdminClient | None:
         return self._admin
