@@ -31,7 +31,7 @@ def check_app(app: App, settings: Settings) -> None:
 
     configured(app, settings)
     if settings.sink == "postgres":
-        from pipeline.sinks.postgres.runner import refuse_unfit
+        from pipeline.sinks.postgres.tables import refuse_unfit
 
         refuse_unfit(app, settings)
 

@@ -18,8 +18,8 @@ from pipeline.examples import order_fills
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
 from pipeline.sinks.postgres.inputs import PostgresMultiTask
-from pipeline.sinks.postgres.runner import PostgresRunner, refuse_unfit
-from pipeline.sinks.postgres.tables import BytesOutputs
+from pipeline.sinks.postgres.runner import PostgresRunner
+from pipeline.sinks.postgres.tables import BytesOutputs, refuse_unfit
 from pipeline.sinks.postgres.task import PostgresTaskContext
 from tests.fakes import kafka_message
 

@@ -48,12 +48,12 @@ from pipeline.kafka.clients import consumer_config
 from pipeline.kafka.permissions import BEFORE_TOPICS, check_service
 from pipeline.kafka.topics import partition_counts, require_inputs
 from pipeline.retry import Backoff
-from pipeline.settings import ConfigError, Settings
+from pipeline.settings import Settings
 from pipeline.sinks.postgres.commit import commit_batch
 from pipeline.sinks.postgres.inputs import PostgresMultiTask, global_tables_for, table_restore_for
 from pipeline.sinks.postgres.queries import CommittedRows
 from pipeline.sinks.postgres.schema import connection_kwargs, describe_dsn, prepare_database
-from pipeline.sinks.postgres.tables import sink_of
+from pipeline.sinks.postgres.tables import refuse_unfit, sink_of
 from pipeline.sinks.postgres.task import Fenced, PostgresTask, PostgresTaskContext, WriteFailed
 from pipeline.state.global_tables import GlobalTables, PendingTargets
 
@@ -62,17 +62,6 @@ FIRST_BACKOFF_S = 0.1
 POOL_WAIT_S = 2.0  # longest wait for a pooled connection: the loop must keep polling while the server is away
 # Restoring, or waiting for the seek after the restore: p paused, the loop steps it (the schedule knows which).
 TAKING_OVER = (Phase.RESTORING, Phase.REWINDING)
-
-
-def refuse_unfit(app: App, settings: Settings) -> None:
-    """ConfigError for an App this sink cannot run; `pipeline run` asks before it contacts any broker."""
-    if settings.sink != "postgres":
-        raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
-    if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
-        raise ConfigError(
-            f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
-            "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
-        )
 
 
 class PostgresRunner(PollLoop):
@@ -105,7 +94,7 @@ class PostgresRunner(PollLoop):
         self._ctx: PostgresTaskContext | None = None
         self._threads = ThreadPoolExecutor(settings.postgres_pool_size, thread_name_prefix="pg-commit")
         self._query_rows: CommittedRows | None = None  # QUERY_ENABLED: the tables' reads (run() makes them)
-        self._input_partition_count: int | None = None
+        self._input_partition_count = 0  # open() reads it (queries place keys by it)
 
     @property
     def ctx(self) -> PostgresTaskContext:
@@ -130,7 +119,7 @@ class PostgresRunner(PollLoop):
         names = Names(self.app_id, self.input_topic, "", co_partitioned=self.topics[1:], global_tables=global_topics)
         check_service(admin, names, s, stateful=self.app.stateful, phase=BEFORE_TOPICS)
         needed = [*self.topics, *global_topics]
-        require_inputs(
+        self._input_partition_count = require_inputs(
             partition_counts(admin, self._timeout_s, needed), self.input_topic, self.topics[1:], global_topics
         )
         client_id = s.kafka.get("client.id", "")
@@ -408,19 +397,8 @@ class PostgresRunner(PollLoop):
     def _queries(self) -> Queries:
         """Owned partitions from memory, the others from the tables (pipeline/sinks/postgres/queries.py)."""
         self._query_rows = CommittedRows(self.settings, self.app_id, self.input_topic)
-        address = own_address(self.settings)
-        return Queries(
-            self.app, self.settings, self.tasks, self._input_partitions, address=address, rows=self._query_rows
-        )
-
-    def _input_partitions(self) -> int:
-        """The input topic's partition count, asked once."""
-        if self._input_partition_count is None:
-            admin = self._admin
-            if admin is None:
-                raise RuntimeError("the runner is not open: open() makes the admin client")
-            self._input_partition_count = partition_counts(admin, self._timeout_s, [self.input_topic])[self.input_topic]
-        return self._input_partition_count
+        address, count = own_address(self.settings), self._input_partition_count
+        return Queries(self.app, self.settings, self.tasks, lambda: count, address=address, rows=self._query_rows)
 
     def _admin_client(self) -> AdminClient | None:
         return self._admin

@@ -20,7 +20,19 @@ import psycopg
 from psycopg import sql
 
 from pipeline.app import App, Output
+from pipeline.settings import ConfigError, Settings
 from pipeline.sinks.postgres.schema import INPUT_INDEX, Column, Table
+
+
+def refuse_unfit(app: App, settings: Settings) -> None:
+    """ConfigError for an App this sink cannot run; `pipeline run` asks before it contacts any broker."""
+    if settings.sink != "postgres":
+        raise ConfigError(f"PostgresRunner needs SINK=postgres, not {settings.sink!r}")
+    if app.extended_state:  # its state rows have no place for them (docs/guarantees.md: timers-exactly-once)
+        raise ConfigError(
+            f"{app.name}: timers, state TTL and state versions (on_timer, state_ttl_ms, "
+            "state_version) are Kafka-mode only; SINK=postgres cannot run this App"
+        )
 
 
 @dataclass(frozen=True, slots=True)
