@@ -14,6 +14,11 @@ kept warm by following their changelog, so that taking one over reads only what 
     drop      a copy no longer placed here, or one whose records were deleted under it, is dropped (and warmed up
               again while it is still placed here)
 
+STATE_STORE=disk: a copy lives in p's RocksDB store (pipeline/state/local_stores.py), warmed up from what that store
+holds (as a restart: only the changelog after its recorded offset), and each followed batch is written with the offset
+it reaches in one atomic batch (StandbyCopy.follow): the store is a copy as of its offset whenever the process dies,
+and a promotion hands that store to p's restore.
+
 A copy holds only committed changelog, read in order: a promotion gives the restore the same state it would have
 built itself, only read earlier. With more than two members the group's assignor, not this placement, picks who
 takes a partition over: the taker has a copy when it is one of the k after the owner (always with k = members - 1).
