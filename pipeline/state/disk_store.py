@@ -211,8 +211,8 @@ class DiskBacked(PartitionState):
 
     def load_at(self, entries: Mapping[str, bytes | None], position: int, checkpoint: Checkpoint | None) -> None:
         """A standby copy's followed changes (pipeline/state/standby.py) with the changelog offset they reach and the
-        last checkpoint among them, in ONE atomic batch: the store on disk is always a copy as of its recorded offset
-        (or ahead of it, never behind), whenever the process dies."""
+        last checkpoint among them, in ONE atomic batch: whenever the process dies, the store's data is at its recorded
+        offset or past it (a restore's writes), never behind it."""
         self._load_batch(entries, position, checkpoint)
         self._data.reset()
 
