@@ -306,7 +306,6 @@ def _validate_state_store(s: Settings) -> None:
     disk = s.state_store == "disk"
     require(not disk or bool(s.state_dir), "STATE_STORE=disk needs STATE_DIR, the directory its stores live in")
     require(not disk or s.sink == "kafka", "STATE_STORE=disk is for SINK=kafka (PostgreSQL keeps that sink's state)")
-    require(not disk or not s.standby_replicas, "STATE_STORE=disk keeps no standby copies yet: STANDBY_REPLICAS=0")
     require(min(s.state_block_cache_mb, s.state_write_buffer_mb) > 0, "STATE_*_MB must be positive")
 
 

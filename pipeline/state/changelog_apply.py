@@ -31,6 +31,14 @@ def _positions(items: list[bytes], value: bytes) -> list[int]:
 def apply_changelog(state: PartitionState, messages: list[Consumed]) -> Checkpoint | None:
     """Applies changelog records of one partition to `state` in order; the last checkpoint among them, if any. Restores
     and standby copies (pipeline/state/standby.py) fold the changelog the same way."""
+    entries, last = changelog_entries(messages)
+    state.load(entries)
+    return last
+
+
+def changelog_entries(messages: list[Consumed]) -> tuple[dict[str, bytes | None], Checkpoint | None]:
+    """The state's changes that changelog records of one partition make, in order (last write per key wins; None: a
+    deletion), and the last checkpoint among them, if any."""
     keys = list(map(_key, messages))
     marks = _positions(keys, CHECKPOINT_KEY)
     last: Checkpoint | None = None
@@ -40,13 +48,11 @@ def apply_changelog(state: PartitionState, messages: list[Consumed]) -> Checkpoi
         if marks:
             del batch[CHECKPOINT_KEY_STR]
             last = Checkpoint.decode(messages[marks[-1]].value())
-        state.load(batch)
-    else:  # a state key spelled like the checkpoint key: sort them out record by record
-        entries: list[tuple[str, bytes | None]] = []
-        for m in messages:
-            if is_checkpoint(m.key(), m.headers()):
-                last = Checkpoint.decode(m.value())
-            else:
-                entries.append((_key(m).decode(), m.value()))
-        state.load(entries)
-    return last
+        return batch, last
+    entries: dict[str, bytes | None] = {}  # a state key spelled like the checkpoint key: sorted out record by record
+    for m in messages:
+        if is_checkpoint(m.key(), m.headers()):
+            last = Checkpoint.decode(m.value())
+        else:
+            entries[_key(m).decode()] = m.value()
+    return entries, last

@@ -209,7 +209,16 @@ class DiskBacked(PartitionState):
             self._load_batch(batch)
         self._data.reset()
 
-    def _load_batch(self, batch: dict[str, bytes | None]) -> None:
+    def load_at(self, entries: Mapping[str, bytes | None], position: int, checkpoint: Checkpoint | None) -> None:
+        """A standby copy's followed changes (pipeline/state/standby.py) with the changelog offset they reach and the
+        last checkpoint among them, in ONE atomic batch: whenever the process dies, the store's data is at its recorded
+        offset or past it (a restore's writes), never behind it."""
+        self._load_batch(entries, position, checkpoint)
+        self._data.reset()
+
+    def _load_batch(
+        self, batch: Mapping[str, bytes | None], position: int | None = None, checkpoint: Checkpoint | None = None
+    ) -> None:
         store = self.store
         if store.count:  # which of these keys the store holds already: one multi-get
             had = store.db.get([key.encode() for key in batch])
@@ -217,7 +226,7 @@ class DiskBacked(PartitionState):
             change = sum((value is not None) - (old is not None) for value, old in pairs)
         else:
             change = sum(value is not None for value in batch.values())
-        store.write(batch, store.count + change)
+        store.write(batch, store.count + change, position, checkpoint)
 
     def encoded_items(self) -> Iterable[tuple[str, bytes]]:
         """In key order. Nothing held (a snapshot on shutdown, after the last commit): one pass of RocksDB's

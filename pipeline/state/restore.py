@@ -238,6 +238,8 @@ class ChangelogRestore:
                     raise
                 self._discard_copy(str(e))  # a wrong copy is not a wrong changelog: the full restore decides
                 return False
+        if isinstance(self.state, DiskBacked):  # the disk store covers the changelog below `end` now: recorded
+            self.state.store.mark(self.end, self.last_checkpoint, self.snapshot)
         return True
 
     def _discard_copy(self, why: str) -> None:

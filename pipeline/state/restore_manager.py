@@ -17,7 +17,6 @@ from pipeline.kafka.offsets import EndOffsetsTimeout
 from pipeline.serde import Serde
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
-from pipeline.state.disk_store import DiskBacked
 from pipeline.state.local_stores import LocalStores
 from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 from pipeline.state.table_restore import TableRestore
@@ -73,7 +72,11 @@ class RestoreManager:
         self._open(p, copy)
 
     def warm_up(self, p: int) -> ChangelogRestore:
-        """A standby copy's first restore: the same steps, no committed offset to match (pipeline/state/standby.py)."""
+        """A standby copy's first restore: the same steps, no committed offset to match (pipeline/state/standby.py).
+        STATE_STORE=disk: into p's store, from what it holds (a copy or p's own state of an earlier life here)."""
+        if self._local is not None:
+            state, base = self._local.base(p, self._state_serde)
+            return self._restore(p, state, None, copy=base, verify=False)
         return self._restore(p, PartitionState(self._state_serde), None, verify=False)
 
     def step(self) -> list[ChangelogRestore]:
@@ -98,8 +101,6 @@ class RestoreManager:
                 self._later(p, e)
                 continue
             if done:
-                if isinstance(restore.state, DiskBacked):  # the disk store covers the changelog below restore.end now
-                    restore.state.store.mark(restore.end, restore.last_checkpoint, restore.snapshot)
                 restore.tables = self._tables.pop(p, None)
                 self.forget(p)
                 finished.append(restore)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pipeline.kafka.offsets import OffsetRequest, PendingOffsets, ask_offsets, relearn_leaders
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint
+from pipeline.state.disk_store import DiskBacked
 from pipeline.state.snapshot_finder import snapshot_bounds_request
 from pipeline.state.snapshot_format import Manifest
 
@@ -38,6 +40,17 @@ class StandbyCopy:
     position: int
     snapshot: Manifest | None
     last_checkpoint: Checkpoint | None
+
+    def follow(self, changes: Mapping[str, bytes | None], position: int, checkpoint: Checkpoint | None) -> None:
+        """Changelog records below `position` applied (`changes`, their last checkpoint if any). A copy on disk
+        (STATE_STORE=disk) takes them with `position` and the checkpoint in one atomic batch, so that what its store
+        records is true whenever the process dies: a restart or a promotion reads only the changelog after it."""
+        if isinstance(self.state, DiskBacked):
+            self.state.load_at(changes, position, checkpoint)
+        else:
+            self.state.load(changes)
+        self.position = position
+        self.last_checkpoint = checkpoint or self.last_checkpoint
 
 
 def ask_bounds(

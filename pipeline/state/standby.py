@@ -14,6 +14,11 @@ kept warm by following their changelog, so that taking one over reads only what 
     drop      a copy no longer placed here, or one whose records were deleted under it, is dropped (and warmed up
               again while it is still placed here)
 
+STATE_STORE=disk: a copy lives in p's RocksDB store (pipeline/state/local_stores.py), warmed up from what that store
+holds (as a restart: only the changelog after its recorded offset), and each followed batch is written with the offset
+it reaches in one atomic batch (StandbyCopy.follow): the store is a copy as of its offset whenever the process dies,
+and a promotion hands that store to p's restore.
+
 A copy holds only committed changelog, read in order: a promotion gives the restore the same state it would have
 built itself, only read earlier. With more than two members the group's assignor, not this placement, picks who
 takes a partition over: the taker has a copy when it is one of the k after the owner (always with k = members - 1).
@@ -32,7 +37,8 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.offsets import EndOffsetsTimeout, OffsetsTruncated
 from pipeline.kafka.records import Consumed
-from pipeline.state.changelog_apply import apply_changelog
+from pipeline.state.changelog_apply import changelog_entries
+from pipeline.state.disk_store import StoreFull
 from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 
 log = logging.getLogger(__name__)
@@ -170,6 +176,9 @@ class Standbys:
             log.warning("p%d: standby copy failed to warm up (%s); trying again at the next placement", p, e)
             self._drop(p)
             return
+        except StoreFull as e:
+            self._disk_refused(p, e)
+            return
         if not done:
             return
         del self.warming[p]
@@ -203,10 +212,18 @@ class Standbys:
             if copy is not None and record.offset() >= copy.position:  # not one fetched before a drop and re-warm
                 by_partition.setdefault(copy.partition, []).append(record)
         for p, batch in by_partition.items():
-            copy = self.copies[p]
-            if (checkpoint := apply_changelog(copy.state, batch)) is not None:
-                copy.last_checkpoint = checkpoint
-            copy.position = batch[-1].offset() + 1
+            changes, checkpoint = changelog_entries(batch)
+            try:
+                self.copies[p].follow(changes, batch[-1].offset() + 1, checkpoint)
+            except StoreFull as e:
+                self._disk_refused(p, e)
+
+    def _disk_refused(self, p: int, error: StoreFull) -> None:
+        """STATE_STORE=disk: the copy's store refused a batch (disk full). The copy goes (its store keeps the last
+        batch it took, whose offset it records); p's owner is not affected, and a promotion restores from what the
+        store holds. Warmed up again at the next placement: the ERROR repeats until the disk has room."""
+        log.error("p%d: standby copy dropped: %s. %s", p, error, StoreFull.fix)
+        self._drop(p)
 
     def _follower_consumer(self) -> Consumer:
         if self._follower is None:

@@ -140,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
 
     parser: argparse.ArgumentParser = args.parser
     app = load_app(args.app)  # a wrong MODULE:ATTR fails here, before any cluster is started
-    settings = settings_of(args, sink=args.sink, postgres_dsn=args.dsn)
+    # STATE_STORE=disk: each instance gets a state directory of its own under the log directory (the harness's Fleet,
+    # whatever STATE_DIR says); the command's own settings are given one only so that they validate.
+    state_dir = str(Path(args.log_dir) / "state")
+    settings = settings_of(args, sink=args.sink, postgres_dsn=args.dsn, state_dir=state_dir)
     profile = Profile() if args.profile == "ci" else Profile(records=100_000, rounds=5, seconds=40)
     tables, names = _sink_and_faults(parser, args, settings)
     if args.profile == "soak":

@@ -1,11 +1,13 @@
 """Standby copies against a real broker (pipeline/state/standby.py; docs/guarantees.md: standby-copies): a copy warms
-up and follows an owner's changelog, and a copy left behind, promoted, gives exactly the state a full restore gives;
-a copy that does not match is discarded for the full restore, loudly."""
+up and follows an owner's changelog, and a copy left behind, promoted, gives exactly the state a full restore gives
+(on both stores: STATE_STORE=disk keeps the copy in RocksDB); a copy that does not match is discarded for the full
+restore, loudly."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -14,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 import pipeline.state.standby as standby_module
 from pipeline import settings
 from pipeline.kafka.clients import restore_consumer_config
+from pipeline.state.local_stores import LocalStores
 from pipeline.state.restore import ChangelogRestore, StandbyCopy
 from pipeline.state.restore_manager import RestoreManager
 from pipeline.state.standby import Standbys
@@ -22,7 +25,7 @@ from tests.integration.test_restore import fresh_app, make_runner, process_all
 from tests.support import eventually
 
 
-def _manager(bootstrap: str, app, app_id: str) -> RestoreManager:
+def _manager(bootstrap: str, app, app_id: str, local: LocalStores | None = None) -> RestoreManager:
     s = settings.load(env={}, bootstrap_servers=bootstrap, app_id=app_id)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     return RestoreManager(
@@ -33,7 +36,19 @@ def _manager(bootstrap: str, app, app_id: str) -> RestoreManager:
         lambda: Consumer(restore_consumer_config(s, f"{app_id}.restore")),
         lambda: AdminClient({"bootstrap.servers": bootstrap}),
         admin,
+        local_stores=local,
     )
+
+
+def _local(store: str, state_dir: Path, app_id: str) -> LocalStores | None:
+    """STATE_STORE=disk: the process's stores in state_dir (a copy then lives in p0's RocksDB)."""
+    if store == "memory":
+        return None
+    return LocalStores(settings.load(env={}, state_store="disk", state_dir=str(state_dir)), app_id)
+
+
+def _contents(state) -> dict[str, bytes]:
+    return dict(state._data.items())
 
 
 def _restored(manager: RestoreManager, committed: int | None, copy: StandbyCopy | None = None) -> ChangelogRestore:
@@ -57,12 +72,17 @@ def _more(bootstrap: str, app, app_id: str, seed: int) -> int:
     return _committed(bootstrap, app_id, app.input_topic)
 
 
+@pytest.mark.parametrize("store", ["memory", "disk"])
 def test_a_copy_follows_the_changelog_and_a_copy_behind_promotes_to_the_full_restores_state(
-    kafka_bootstrap, monkeypatch
+    kafka_bootstrap, monkeypatch, tmp_path, store
 ):
+    """On both stores: the copy (in memory, or in p0's RocksDB with the offset it reached) against full restores into
+    memory, the reference. On disk, a restart of the copy's process finds the copy at the offset it reached."""
     app, app_id = fresh_app(kafka_bootstrap)
     _more(kafka_bootstrap, app, app_id, seed=1)
-    manager = _manager(kafka_bootstrap, app, app_id)
+    reference = _manager(kafka_bootstrap, app, app_id)
+    local = _local(store, tmp_path, app_id)
+    manager = _manager(kafka_bootstrap, app, app_id, local)
     # Placed here by the group's answer, whoever the members are: the placement itself is unit-tested.
     monkeypatch.setattr(standby_module, "standby_partitions", lambda owners, me, replicas: {0})
     s = make_runner(app, app_id, kafka_bootstrap).settings
@@ -81,9 +101,9 @@ def test_a_copy_follows_the_changelog_and_a_copy_behind_promotes_to_the_full_res
     try:
         eventually(lambda: standbys.step((), 0.1) or 0 in standbys.copies, timeout_s=60, interval_s=0.05)
         committed = _more(kafka_bootstrap, app, app_id, seed=2)  # the owner moves on; the copy follows
-        full = _restored(manager, committed)
+        full = _restored(reference, committed)
         eventually(
-            lambda: standbys.step((), 0.1) or dict(standbys.copies[0].state._data) == dict(full.state._data),
+            lambda: standbys.step((), 0.1) or _contents(standbys.copies[0].state) == _contents(full.state),
             timeout_s=60,
             interval_s=0.05,
         )
@@ -91,14 +111,24 @@ def test_a_copy_follows_the_changelog_and_a_copy_behind_promotes_to_the_full_res
         assert copy is not None and 0 not in standbys.copies
     finally:
         standbys.close()
+    if local is not None:  # the process restarted: its store is the copy as of the offset the copy reached
+        local.close()
+        local = _local(store, tmp_path, app_id)
+        assert local is not None
+        manager = _manager(kafka_bootstrap, app, app_id, local)
+        position, (state, copy) = copy.position, local.base(0, app.state_serde)
+        assert copy is not None and copy.position == position and _contents(state) == _contents(full.state)
 
     committed = _more(kafka_bootstrap, app, app_id, seed=3)  # the copy is left behind by 1,500 records
-    full = _restored(manager, committed)
+    full = _restored(reference, committed)
     promoted = _restored(manager, committed, copy)
     assert promoted.standby_keys is not None and promoted.records > 0  # it read what it missed, and only that
     assert promoted.records < full.records
-    assert dict(promoted.state._data) == dict(full.state._data)
+    assert _contents(promoted.state) == _contents(full.state)
     assert promoted.last_checkpoint == full.last_checkpoint
+    if local is not None:  # the promoted store records the offset its restore reached
+        assert local.store(0).position == full.end
+        local.close()
 
 
 def test_a_copy_that_does_not_match_is_discarded_for_the_full_restore(kafka_bootstrap, caplog):

@@ -122,13 +122,16 @@ def test_a_second_process_on_the_same_state_dir_fails_naming_it(tmp_path: Path) 
     [
         ({"state_store": "rocks"}, "STATE_STORE must be memory or disk"),
         ({"state_store": "disk"}, "STATE_STORE=disk needs STATE_DIR"),
-        ({"state_store": "disk", "state_dir": "/x", "standby_replicas": 1}, "STANDBY_REPLICAS=0"),
         ({"state_store": "disk", "state_dir": "/x", "state_block_cache_mb": 0}, "STATE_\\*_MB must be positive"),
     ],
 )
 def test_a_bad_state_store_setting_fails_at_start_up_naming_it(settings: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings(**settings)  # type: ignore[arg-type]
+
+
+def test_standby_copies_are_kept_on_disk_too() -> None:
+    assert Settings(state_store="disk", state_dir="/x", standby_replicas=1).standby_replicas == 1
 
 
 def test_a_disk_that_refuses_the_batch_stops_the_partition_at_its_next_record_naming_the_directory(

@@ -1,8 +1,11 @@
 """Standby copies without a broker (pipeline/state/standby.py): where copies are placed, how a followed batch moves
-a copy (state, position, checkpoint), that records deleted under a copy drop it, and STANDBY_REPLICAS' bounds."""
+a copy (state, position, checkpoint; on both stores), that records deleted under a copy drop it, STANDBY_REPLICAS'
+bounds, and a copy on disk (STATE_STORE=disk): each followed batch one atomic write with the offset it reaches."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +16,13 @@ from pipeline.serde import JSON
 from pipeline.settings import ConfigError, Settings
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
+from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreMemory
 from pipeline.state.restore import StandbyCopy
 from pipeline.state.standby import Standbys, standby_partitions
 from tests.fakes import kafka_message
+from tests.unit.conftest import make_state
+
+MEMORY = StoreMemory(8, 8)
 
 OWNERS = {"a": [0, 1], "b": [2, 3], "c": [4, 5]}
 
@@ -49,11 +56,15 @@ class _NullConsumer:
     def close(self) -> None: ...
 
 
-def _standbys() -> Standbys:
+def _standbys(state: PartitionState | None = None) -> Standbys:
     standbys = Standbys(1, "g", "in", "cl", None, _NullConsumer, None, lambda: "", 1)  # type: ignore[arg-type]
     standbys._follower = _NullConsumer()  # type: ignore[assignment]
-    standbys.copies[0] = StandbyCopy(0, PartitionState(JSON), 10, None, None)
+    standbys.copies[0] = StandbyCopy(0, PartitionState(JSON) if state is None else state, 10, None, None)
     return standbys
+
+
+def _contents(state: PartitionState) -> dict[str, bytes]:
+    return dict(state._data.items())
 
 
 def _change(offset: int, key: str, value: bytes | None, partition: int = 0) -> Message:
@@ -65,14 +76,63 @@ def _checkpoint(offset: int, next_input: int) -> Message:
     return kafka_message(offset, CHECKPOINT_KEY, value, topic="cl", headers=[CHECKPOINT_HEADER])
 
 
-def test_a_followed_batch_moves_the_copy_its_state_position_and_checkpoint() -> None:
-    standbys = _standbys()
+def test_a_followed_batch_moves_the_copy_its_state_position_and_checkpoint(state_store: str) -> None:
+    standbys = _standbys(make_state())
     standbys._apply([_change(10, "x", b"1"), _change(11, "y", b"2"), _checkpoint(12, 500), _change(14, "x", None)])
     copy = standbys.copies[0]
-    assert dict(copy.state._data) == {"y": b"2"} and copy.position == 15
+    assert _contents(copy.state) == {"y": b"2"} and copy.position == 15 and len(copy.state) == 1
     assert copy.last_checkpoint == Checkpoint("in", 0, 500)
     standbys._apply([_change(9, "z", b"old"), _change(15, "z", b"3"), _change(16, "w", b"4", partition=7)])
-    assert dict(copy.state._data) == {"y": b"2", "z": b"3"} and copy.position == 16  # p7 is no copy here
+    assert _contents(copy.state) == {"y": b"2", "z": b"3"} and copy.position == 16  # p7 is no copy here
+    assert copy.last_checkpoint == Checkpoint("in", 0, 500) and len(copy.state) == 2  # no checkpoint: the last one
+
+
+def _disk_copy(path: Path) -> tuple[Standbys, DiskStore]:
+    store = DiskStore(path, MEMORY)
+    store.mark(10, None, None)  # warmed up: covers the changelog below 10
+    return _standbys(DiskPartitionState(store, JSON)), store
+
+
+def test_a_copy_on_disk_records_each_followed_batch_with_the_offset_it_reaches_and_a_reopened_store_finds_both(
+    tmp_path: Path,
+) -> None:
+    standbys, store = _disk_copy(tmp_path / "p0")
+    standbys._apply([_change(10, "x", b"1"), _change(11, "y", b"2"), _checkpoint(12, 500), _change(14, "x", None)])
+    standbys._apply([_change(15, "z", b"3")])
+    store.close()
+    again = DiskStore(tmp_path / "p0", MEMORY)  # what a restart or a promotion finds
+    assert dict(again.items()) == {"y": b"2", "z": b"3"}
+    assert (again.position, again.checkpoint, again.count) == (16, Checkpoint("in", 0, 500), 2)
+    again.close()
+
+
+def test_a_followed_batch_the_disk_refuses_leaves_data_and_offset_as_they_were_and_drops_the_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash (or a full disk) in the middle of a followed batch: the store keeps the previous batch's data AND
+    offset, never an offset ahead of its data (a promotion would then skip changes)."""
+    standbys, store = _disk_copy(tmp_path / "p0")
+    standbys._apply([_change(10, "x", b"1"), _checkpoint(11, 500)])
+    db = store.db
+
+    class RefusesChanges:  # the disk fails the write of any batch that carries state keys
+        def __getattr__(self, name: str) -> object:
+            return getattr(db, name)
+
+        def write(self, batch: Any) -> None:
+            if batch.len() > 3:  # more than the bookkeeping (count, position, checkpoint)
+                raise Exception("IO error: No space left on device")
+            db.write(batch)
+
+    store.db = RefusesChanges()  # type: ignore[assignment]
+    with caplog.at_level(logging.ERROR):
+        standbys._apply([_change(12, "x", b"2"), _change(13, "y", b"3"), _change(14, "z", b"4"), _checkpoint(15, 9)])
+    store.db = db
+    assert "standby copy dropped" in caplog.text and str(tmp_path / "p0") in caplog.text and not standbys.copies
+    store.close()
+    again = DiskStore(tmp_path / "p0", MEMORY)
+    assert dict(again.items()) == {"x": b"1"} and (again.position, again.checkpoint) == (12, Checkpoint("in", 0, 500))
+    again.close()
 
 
 def test_records_deleted_under_a_copy_drop_it() -> None:

@@ -18,6 +18,8 @@ the code of two commits with `git archive <commit> | tar -x -C /tmp/before`. Med
 
     python -m tools.bench.failover --app running_totals --keys 0,100000 --cases restart,takeover --repeat 3
     python -m tools.bench.failover --env PIPELINE_PRODUCERS=per_partition --env PIPELINE_GROUP_PROTOCOL=consumer
+    python -m tools.bench.failover --keys 1000000 --cases takeover --env PIPELINE_STANDBY_REPLICAS=1 \
+        --env PIPELINE_STATE_STORE=disk     # each member gets a STATE_DIR of its own under the log directory
 Results: BENCHMARKS.md.
 """
 
@@ -206,6 +208,8 @@ class Bench:
             member_env = dict(env)
             if case != "restart" and env.get("PIPELINE_GROUP_INSTANCE_ID"):
                 member_env["PIPELINE_GROUP_INSTANCE_ID"] = f"{env['PIPELINE_GROUP_INSTANCE_ID']}-{name}"
+            if env.get("PIPELINE_STATE_STORE") == "disk" and not env.get("PIPELINE_STATE_DIR"):
+                member_env["PIPELINE_STATE_DIR"] = str(self.log_dir / f"{app_id}-{name}-state")  # one per member
             logs.append(log_path := self.log_dir / f"{app_id}-{name}.log")
             with open(log_path, "wb") as out:
                 processes.append(
