@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pipeline.registry.serdes import RegistrySerde, _field, describe, transient
+from pipeline.retry import Backoff, retry
 from pipeline.serde import Serde
 from pipeline.settings import ConfigError, Settings
 
 if TYPE_CHECKING:
     from pipeline.app import App
+
+log = logging.getLogger(__name__)
+START_UP_ATTEMPTS = 4  # a schema's start-up check, asked again 0.2, 0.4 and 0.8 s after a 5xx or no answer
 
 # -- binding an App --------------------------------------------------------------------------------------------------
 _clients: dict[tuple[str, str, int], Any] = {}
@@ -132,10 +138,13 @@ def check(app: App, settings: Settings) -> None:
     probe(app, settings)
     for role, topic, is_key, serde in serdes:
         try:
-            if role == "output":
-                _check_output(serde, topic, is_key)
-            elif serde.version is not None:
-                serde._reader(serde._bound())
+            retry(
+                partial(_check_serde, role, topic, is_key, serde),
+                retriable=_ask_again,
+                backoff=Backoff(0.2),
+                attempts=START_UP_ATTEMPTS,
+                on_failure=_asking_again,
+            )
         except ConfigError:
             raise
         except Exception as error:
@@ -143,6 +152,28 @@ def check(app: App, settings: Settings) -> None:
                 raise ConfigError(unreachable(settings, error)) from error
             subject = serde.subject(topic, is_key)
             raise ConfigError(f"{role} {topic} ({_field(is_key)}), subject {subject!r}: {describe(error)}") from error
+
+
+def _check_serde(role: str, topic: str, is_key: bool, serde: RegistrySerde) -> None:
+    if role == "output":
+        _check_output(serde, topic, is_key)
+    elif serde.version is not None:
+        serde._reader(serde._bound())
+
+
+def _ask_again(error: Exception) -> bool:
+    """A registry error at start-up worth one more try: 5xx or no answer, not refused credentials. Apicurio with its
+    H2 storage answered 500 (a unique-key violation on its content table) to one of two instances registering
+    the same new schema at the same moment; asked again, it found the schema registered."""
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    refused = isinstance(error, SchemaRegistryError) and error.http_status_code in (401, 403)
+    return transient(error) and not refused
+
+
+def _asking_again(error: Exception, failures: int, delay: float | None) -> None:
+    if delay is not None:
+        log.warning("schema registry at start-up: %s; asking again in %.1f s", describe(error), delay)
 
 
 def probe(app: App, settings: Settings) -> None:

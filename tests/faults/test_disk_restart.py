@@ -50,6 +50,7 @@ def test_a_crash_between_the_kafka_commit_and_the_disk_batch_restarts_from_the_o
     assert "SIGKILL after the sink's commit, before the disk batch" in log_of(victim), log_of(victim)
     (restarted,) = fleet.start(1, PIPELINE_TEST_KILL_BEFORE_STATE_WRITE="0")  # the same state directory
     assert restarted.state_dir == victim.state_dir
+    eventually(lambda: log_of(restarted).count("restored:") == PARTITIONS, 90, 0.2)
     outcome = run.finish()
     assert_exactly_once(outcome)
     assert outcome.verdict.outputs == 20_000
@@ -133,6 +134,9 @@ def test_a_corrupted_store_is_wiped_and_restored_in_full(fault_run):
     corrupt_current(stores[0])
     truncate_wal(stores[1])  # RocksDB recovers a prefix of whole batches: an older local checkpoint, still right
     (back,) = fleet.start(1)
+    # Waited for, not assumed: at load the first instance had taken the whole input before its kill, the run was
+    # caught up at once, and the fleet was stopped before `back` had opened a store (its log was empty).
+    eventually(lambda: log_of(back).count("restored:") == PARTITIONS, 90, 0.2)
     outcome = run.finish()
     assert_exactly_once(outcome)
     log = log_of(back)

@@ -431,3 +431,34 @@ def test_registry_look_ups_wait_in_the_background_for_records_and_run_inline_for
     driver.send("a", 1, timestamp_ms=0)
     driver.send("b", 1, timestamp_ms=20)
     assert seen == [("process", True), ("on_timer", False), ("process", True)]  # due before the record at 20
+
+
+class RacedWith500:
+    """Two instances register the same new output schema at once: Apicurio (H2 storage) answers one of them 500,
+    a unique-key violation on its content table (seen in CI: the instance stopped at start-up)."""
+
+    def __init__(self, failures: int) -> None:
+        self.inner = memory_registry()
+        self.failures = failures
+
+    def register_schema(self, subject: str, schema: Any, *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka.schema_registry import SchemaRegistryError
+
+        if self.failures:
+            self.failures -= 1
+            raise SchemaRegistryError(500, 0, "JdbcSQLIntegrityConstraintViolationException: Unique index violation")
+        return self.inner.register_schema(subject, schema, *args, **kwargs)
+
+    def test_compatibility(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_5xx_at_start_up_is_asked_again_and_a_registry_that_keeps_failing_stops_the_start() -> None:
+    """Red before: the first 500 stopped the start with a ConfigError."""
+    settings = Settings(schema_registry_url="http://registry.example:8081")
+    registry_check(bind(totals_avro, RacedWith500(failures=1)), settings)  # no ConfigError
+    with pytest.raises(ConfigError, match="SCHEMA_REGISTRY_URL"):
+        registry_check(bind(totals_avro, RacedWith500(failures=100)), settings)

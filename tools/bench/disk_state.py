@@ -10,10 +10,13 @@ rss         --keys keys of running_totals' shape loaded into one partition's dis
 restart     running_totals on the broker with the disk store until --keys accounts are in it, SIGKILL, 1 000 more
             records, the same command on the same STATE_DIR: seconds from the process's start to its partitions
             restored and to the new records processed (with the memory store for comparison)
+supervised  the same under `pipeline run --workers 1`: its worker SIGKILLed, 1 000 more records; seconds from the
+            kill to the supervisor's new worker assigned, restored and every record committed (the outage)
 
 python -m tools.bench.disk_state throughput --keys 1000000
 python -m tools.bench.disk_state rss --keys 10000000
 python -m tools.bench.disk_state restart --keys 1000000
+python -m tools.bench.disk_state supervised --keys 10000000 --stores disk
 """
 
 from __future__ import annotations
@@ -151,6 +154,48 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
     }
 
 
+def supervised(bootstrap: str, store: str, keys: int) -> dict[str, float]:
+    """`pipeline run --workers 1` until --keys accounts are in its store; its worker SIGKILLed, 1 000 more records."""
+    app, app_id = fresh_topics(bootstrap)
+    inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=900)  # type: ignore[attr-defined]
+    state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
+    env = {
+        **os.environ,
+        "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
+        "PIPELINE_APP_ID": app_id,
+        "PIPELINE_INPUT_TOPIC": app.input_topic,  # type: ignore[attr-defined]
+        "PIPELINE_OUTPUT_TOPIC": app.output_topic,  # type: ignore[attr-defined]
+        "PIPELINE_STATE_STORE": store,
+        "PIPELINE_STATE_DIR": state_dir,
+        "PIPELINE_SESSION_TIMEOUT_MS": "30000",
+    }
+    command = [sys.executable, "-m", "pipeline", "run", "--workers", "1", "pipeline.examples.running_totals:app"]
+    log_path = Path(state_dir) / "supervised.log"
+    with open(log_path, "wb") as log:
+        supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 1800)  # type: ignore[attr-defined]
+        before = len(log_path.read_text().splitlines())
+        (worker,) = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()
+        killed = time.time()
+        os.kill(int(worker), signal.SIGKILL)
+        inputs.produce(bootstrap, app.input_topic, accounts(1_000, keys), partitions=PARTITIONS)  # type: ignore[attr-defined]
+        assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 600)  # type: ignore[attr-defined]
+        caught_up = time.time() - killed
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        supervisor.wait(60)
+    lines = log_path.read_text().splitlines()[before:]
+    restored = [_log_time(line) for line in lines if " restored: " in line]
+    assigned = [_log_time(line) for line in lines if " assigned [" in line]
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return {
+        "kill_to_assigned_s": min(assigned) - killed,
+        "kill_to_restored_s": max(restored) - killed,
+        "kill_to_caught_up_s": caught_up,
+    }
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a running process so far (/proc: the machine may be loaded, CPU is not)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -165,7 +210,7 @@ def _log_time(line: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["rss", "restart"])
+    parser.add_argument("what", choices=["rss", "restart", "supervised"])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--stores", default="memory,disk")
     parser.add_argument("--updates", type=int, default=100_000)
@@ -178,7 +223,8 @@ def main() -> None:
         print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb)))
         return
     if args.one:
-        print(json.dumps({"store": args.one, **restart(args.bootstrap_servers, args.one, args.keys)}))
+        measure = supervised if args.what == "supervised" else restart
+        print(json.dumps({"store": args.one, **measure(args.bootstrap_servers, args.one, args.keys)}))
         return
     for store in args.stores.split(","):
         subprocess.run([sys.executable, "-m", "tools.bench.disk_state", *sys.argv[1:], "--one", store], check=True)
