@@ -10,7 +10,7 @@ rss         --keys keys of running_totals' shape loaded into one partition's dis
 restart     running_totals on the broker with the disk store until --keys accounts are in it, SIGKILL, 1 000 more
             records, the same command on the same STATE_DIR: seconds from the process's start to its partitions
             restored and to the new records processed (with the memory store for comparison)
-supervised  the same under `pipeline run --workers 1`: its worker SIGKILLed, 1 000 more records; seconds from the
+supervised  the same under `pipeline run --workers 2`: one worker SIGKILLed, 1 000 more records; seconds from the
             kill to the supervisor's new worker assigned, restored and every record committed (the outage)
 
 python -m tools.bench.disk_state throughput --keys 1000000
@@ -155,7 +155,7 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
 
 
 def supervised(bootstrap: str, store: str, keys: int) -> dict[str, float]:
-    """`pipeline run --workers 1` until --keys accounts are in its store; its worker SIGKILLed, 1 000 more records."""
+    """`pipeline run --workers 2` until --keys accounts are in the stores; one worker SIGKILLed, 1 000 more records."""
     app, app_id = fresh_topics(bootstrap)
     inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=900)  # type: ignore[attr-defined]
     state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
@@ -169,16 +169,18 @@ def supervised(bootstrap: str, store: str, keys: int) -> dict[str, float]:
         "PIPELINE_STATE_DIR": state_dir,
         "PIPELINE_SESSION_TIMEOUT_MS": "30000",
     }
-    command = [sys.executable, "-m", "pipeline", "run", "--workers", "1", "pipeline.examples.running_totals:app"]
+    # two workers: one (the default) is the service process itself, with no supervisor to restart it
+    command = [sys.executable, "-m", "pipeline", "run", "--workers", "2", "pipeline.examples.running_totals:app"]
     log_path = Path(state_dir) / "supervised.log"
     with open(log_path, "wb") as log:
         supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 1800)  # type: ignore[attr-defined]
         before = len(log_path.read_text().splitlines())
-        (worker,) = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()
+        tasks = Path(f"/proc/{supervisor.pid}/task").iterdir()  # the worker is started from one of its threads
+        worker = min(int(child) for task in tasks for child in (task / "children").read_text().split())
         killed = time.time()
-        os.kill(int(worker), signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
         inputs.produce(bootstrap, app.input_topic, accounts(1_000, keys), partitions=PARTITIONS)  # type: ignore[attr-defined]
         assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 600)  # type: ignore[attr-defined]
         caught_up = time.time() - killed
