@@ -10,13 +10,16 @@ that the order a task took is the order the checker can replay, whichever sink c
     OrderRuns       the order a transaction took its records in, as runs "index:count,..." (index into the App's
                     co-partitioned topics): what a checkpoint (Kafka sink) or a merge-order row (PostgreSQL sink)
                     records for the checker
+    WaitsFromRunning  the several-input task of either sink: the bounded wait starts again each time p is RUNNING
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.kafka.records import Consumed
 
 
@@ -76,6 +79,22 @@ def must_wait(idle_s: float, empty_since: float, now: float, end_of: Callable[[]
         return False
     end = end_of()
     return end < 0 or (position or 0) < end
+
+
+class WaitsFromRunning(Lifecycle):
+    """Mixed into both sinks' several-input tasks (before their sink's task class), which keep `topics` and
+    `_empty_since`: each time p starts taking records (after its fence, a restore or a rewind), the bounded wait for
+    an empty input starts again, since the time p spent fencing or restoring is not time the lagging topic was
+    waited for. Timed from the task's creation instead, a take-over after a restore of a few seconds found the wait
+    long expired and took the streams' first records without the table updates just behind them."""
+
+    topics: tuple[str, ...]
+    _empty_since: dict[str, float]
+
+    def _transition(self, to: Phase) -> None:
+        if to is Phase.RUNNING:
+            self._empty_since = dict.fromkeys(self.topics, time.monotonic())
+        super()._transition(to)
 
 
 class OrderRuns:

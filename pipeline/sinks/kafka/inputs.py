@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from pipeline.app import Record
 from pipeline.core.lifecycle import Phase
-from pipeline.core.merge import OrderRuns, enqueue, merge_order, must_wait, next_run
+from pipeline.core.merge import OrderRuns, WaitsFromRunning, enqueue, merge_order, must_wait, next_run
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
 from pipeline.kafka.records import Consumed
 from pipeline.serde import skip_bytes_deserialize
@@ -43,7 +43,7 @@ from pipeline.state.tables import TableStore
 from pipeline.state.timed import TimedState
 
 
-class MultiInputTask(KafkaTask):
+class MultiInputTask(WaitsFromRunning, KafkaTask):
     def __init__(self, ctx: KafkaTaskContext, partition: int, txn: Transaction) -> None:
         app = ctx.app
         self.topics: tuple[str, ...] = app.co_partitioned  # the streams, then the co-partitioned tables
@@ -91,15 +91,6 @@ class MultiInputTask(KafkaTask):
         for topic, position in positions.items():
             self.committed_offsets[topic] = self.next_offsets[topic] = position
         self.state.tables = self.table_views()
-
-    def _transition(self, to: Phase) -> None:
-        """Each time p starts taking records (after its fence, a restore or a rewind), the bounded wait for an empty
-        input starts again: the time p spent fencing or restoring is not time the lagging topic was waited for.
-        Timed from the task's creation instead, a take-over after a restore of a few seconds found the wait long
-        expired and took the streams' first records without the table updates just behind them."""
-        if to is Phase.RUNNING:
-            self._empty_since = dict.fromkeys(self.topics, time.monotonic())
-        super()._transition(to)
 
     def try_seek_back(self, consumer: Consumer) -> bool:
         """Every topic of p back to its committed offset; p RUNNING once all seeks took."""

@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from pipeline.app import App, checked_outputs
 from pipeline.core.lifecycle import Phase
-from pipeline.core.merge import OrderRuns, enqueue, merge_order, must_wait, next_run
+from pipeline.core.merge import OrderRuns, WaitsFromRunning, enqueue, merge_order, must_wait, next_run
 from pipeline.core.processing import record_from_message
 from pipeline.kafka.clients import restore_consumer_config
 from pipeline.kafka.records import Consumed
@@ -45,7 +45,7 @@ from pipeline.state.table_restore import TableRestore
 from pipeline.state.tables import TableStore
 
 
-class PostgresMultiTask(PostgresTask):
+class PostgresMultiTask(WaitsFromRunning, PostgresTask):
     def __init__(self, ctx: PostgresTaskContext, partition: int) -> None:
         app = ctx.app
         self.topics: tuple[str, ...] = ctx.target.topics  # the streams, then the co-partitioned tables
@@ -118,15 +118,6 @@ class PostgresMultiTask(PostgresTask):
         if self._table_restore is not None:
             self._table_restore.close()
             self._table_restore = None
-
-    def _transition(self, to: Phase) -> None:
-        """Each time p starts taking records (after its fence, a restore or a rewind), the bounded wait for an empty
-        input starts again: the time p spent fencing or restoring is not time the lagging topic was waited for.
-        Timed from the task's creation instead, a take-over after a restore of a few seconds found the wait long
-        expired and took the streams' first records without the table updates just behind them."""
-        if to is Phase.RUNNING:
-            self._empty_since = dict.fromkeys(self.topics, time.monotonic())
-        super()._transition(to)
 
     def try_seek_back(self, consumer: Consumer) -> bool:
         """Every topic of p to its fenced (or restored) offset; p RUNNING once all seeks took."""
