@@ -103,7 +103,9 @@ def rss(keys: int, updates: int, block_cache_mb: int, write_buffer_mb: int) -> d
 
 
 # -- restart ---------------------------------------------------------------------------------------------------------
-def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
+def filled_service(bootstrap: str, store: str, keys: int) -> tuple[object, str, str, dict[str, str]]:
+    """Fresh topics with `keys` accounts on the input; the App, its id, a state directory and the environment of a
+    `pipeline run` of it on `store` there."""
     app, app_id = fresh_topics(bootstrap)
     inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=900)  # type: ignore[attr-defined]
     state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
@@ -115,9 +117,14 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
         "PIPELINE_OUTPUT_TOPIC": app.output_topic,  # type: ignore[attr-defined]
         "PIPELINE_STATE_STORE": store,
         "PIPELINE_STATE_DIR": state_dir,
-        "PIPELINE_GROUP_INSTANCE_ID": "bench-0",  # static: the restarted process takes its partitions back at once
         "PIPELINE_SESSION_TIMEOUT_MS": "30000",
     }
+    return app, app_id, state_dir, env
+
+
+def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
+    app, app_id, state_dir, env = filled_service(bootstrap, store, keys)
+    env["PIPELINE_GROUP_INSTANCE_ID"] = "bench-0"  # static: the restarted process takes its partitions back at once
     command = [sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals:app"]
     log_path = Path(state_dir) / "first.log"
     first_started = time.time()
@@ -156,19 +163,7 @@ def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
 
 def supervised(bootstrap: str, store: str, keys: int) -> dict[str, float]:
     """`pipeline run --workers 2` until --keys accounts are in the stores; one worker SIGKILLed, 1 000 more records."""
-    app, app_id = fresh_topics(bootstrap)
-    inputs.produce(bootstrap, app.input_topic, accounts(keys), partitions=PARTITIONS, timeout_s=900)  # type: ignore[attr-defined]
-    state_dir = tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR"))
-    env = {
-        **os.environ,
-        "PIPELINE_BOOTSTRAP_SERVERS": bootstrap,
-        "PIPELINE_APP_ID": app_id,
-        "PIPELINE_INPUT_TOPIC": app.input_topic,  # type: ignore[attr-defined]
-        "PIPELINE_OUTPUT_TOPIC": app.output_topic,  # type: ignore[attr-defined]
-        "PIPELINE_STATE_STORE": store,
-        "PIPELINE_STATE_DIR": state_dir,
-        "PIPELINE_SESSION_TIMEOUT_MS": "30000",
-    }
+    app, app_id, state_dir, env = filled_service(bootstrap, store, keys)
     # two workers: one (the default) is the service process itself, with no supervisor to restart it
     command = [sys.executable, "-m", "pipeline", "run", "--workers", "2", "pipeline.examples.running_totals:app"]
     log_path = Path(state_dir) / "supervised.log"
