@@ -219,3 +219,20 @@ def test_input_records_deleted_before_processing_stop_the_partition_naming_the_f
     assert "--reset-offsets --to-earliest" in caplog.text
     lag = wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 1)
     assert lag == {0: 100}, "the committed offset moved past the gap"
+
+
+def test_a_producer_fenced_before_the_shutdown_snapshot_stops_cleanly_without_it(kafka_bootstrap, caplog):
+    """A fault run: the heartbeat thread of another process fenced this one's producer while it looked silent; on its
+    clean stop the shutdown snapshot's flush then failed with a SystemError (confluent_kafka loses the fatal error's
+    exception), and the instance exited with code 1 instead of stopping."""
+    app, app_id = fresh_app(kafka_bootstrap)
+    inputs.produce_running_totals(kafka_bootstrap, app.input_topic, 500, partitions=1, seed=7)
+    with (
+        caplog.at_level("INFO", logger="pipeline.sinks.kafka"),
+        running(make_runner(app, app_id, kafka_bootstrap, snapshot_on_shutdown=True, producers="per_partition")),
+    ):
+        assert not wait_caught_up(kafka_bootstrap, app_id, app.input_topic, 1, 60)
+        newer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{app_id}.{app.input_topic}.0"})
+        newer.init_transactions(30)  # fences the running instance's producer
+    assert "published on shutdown" not in caplog.text
+    assert "snapshot on shutdown not published" in caplog.text, caplog.text

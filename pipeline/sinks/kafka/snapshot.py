@@ -11,6 +11,7 @@ from confluent_kafka import KafkaException
 
 from pipeline.core.lifecycle import Phase
 from pipeline.sinks.kafka.task import KafkaTask
+from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
 
@@ -25,16 +26,16 @@ def publish_shutdown_snapshot(task: KafkaTask, snapshot_topic: str) -> Manifest 
     txn, ctx = task.txn, task.ctx
     if not (ctx.app.stateful and ctx.settings.exactly_once) or task.phase is not Phase.RUNNING or txn.open:
         return None
-    if not len(task.state):
+    if txn.broken or not len(task.state):
         return None
-    txn.producer.flush(txn.timeout_s)  # serves the last checkpoint's delivery report
-    coverage = task.snapshot_coverage()
-    if coverage is None:
-        return None
-    base, changelog_end = coverage
     started = time.monotonic()
-    txn.call(txn.producer.begin_transaction)
     try:
+        txn.producer.flush(txn.timeout_s)  # serves the last checkpoint's delivery report
+        coverage = task.snapshot_coverage()
+        if coverage is None:
+            return None
+        base, changelog_end = coverage
+        txn.call(txn.producer.begin_transaction)
         manifest = write_snapshot(
             txn.producer,
             app_id=ctx.app_id,
@@ -49,9 +50,11 @@ def publish_shutdown_snapshot(task: KafkaTask, snapshot_topic: str) -> Manifest 
             timeout_s=txn.timeout_s,
         )
         txn.call(txn.producer.commit_transaction, txn.timeout_s)
-    except KafkaException as e:
+    # Fenced while it looked silent (a fault run: another process's heartbeat thread fenced it), the producer fails
+    # the flush with a SystemError around the lost fatal error, and the instance exited with code 1 instead of stopping.
+    except (KafkaException, SystemError, TransactionAborted, PartitionDropped) as e:
         log.warning("p%d: snapshot on shutdown not published: %s", task.partition, e)
-        with contextlib.suppress(KafkaException):
+        with contextlib.suppress(KafkaException, SystemError):
             txn.producer.abort_transaction(txn.timeout_s)
         return None
     task.snapshot_base = manifest
