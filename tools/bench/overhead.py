@@ -23,6 +23,7 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Phase
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
+from pipeline.serde import background_registry_lookups
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.task import KafkaTask, KafkaTaskContext
 from pipeline.sinks.kafka.transaction import Transaction
@@ -155,6 +156,7 @@ def _ours(app: App, settings: Settings, messages: list[Consumed], producer: Loca
     started = time.thread_time()
     for i in range(0, len(messages), BATCH):
         task.process(messages[i : i + BATCH])
+        txn.poll()  # the delivery reports, once per poll (KafkaRunner._dispatch)
         task.state.commit()  # what a commit does to the state; the changelog writes are not counted
         task.batch_open = False
         txn.end()
@@ -219,8 +221,11 @@ def _scale_pass(
         batches: dict[int, list[Consumed]] = defaultdict(list)
         for m in messages[i : i + BATCH]:
             batches[m.partition()].append(m)
+        background = background_registry_lookups.set(True)  # once per poll, as KafkaRunner._dispatch does
         for p, batch in batches.items():
             tasks[p].process(batch)
+        background_registry_lookups.reset(background)
+        txn.poll()  # the delivery reports, once per poll (KafkaRunner._dispatch)
         since_commit += BATCH
         if since_commit >= COMMIT_RECORDS:
             _commit_steps(txn)

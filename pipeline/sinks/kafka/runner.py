@@ -40,6 +40,7 @@ from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, consumer_config, producer_config, restore_consumer_config
 from pipeline.kafka.kafka_python import quick_fence
 from pipeline.kafka.liveness import Liveness
+from pipeline.serde import background_registry_lookups
 from pipeline.settings import PER_PROCESS, Settings
 from pipeline.sinks.kafka import takeover
 from pipeline.sinks.kafka.commit import abort_and_rewind, abort_transaction, close_task, commit_transaction
@@ -244,15 +245,27 @@ class KafkaRunner(TakeOver, PollLoop):
         self._tell_directory()
 
     def _dispatch(self, messages: list[Message]) -> None:
+        """Each partition's batch to its task, then each transaction that took some serves its delivery reports
+        (once per poll, not per partition batch: see KafkaTask._process)."""
         batches = self._by_partition(messages)
         polled_at = {p: task.seeks for p in batches if (task := self.tasks.get(p)) is not None}
-        for p, batch in batches.items():
-            task = self.tasks.get(p)
-            # Not after a seek back since the poll (docs/guarantees.md: rewind-after-abort): with one transaction
-            # for the process, an abort while an earlier partition's batch ran rewinds this one too, and its batch
-            # continues from the old position: handing it over would skip the records in between.
-            if task is not None and task.phase is Phase.RUNNING and task.seeks == polled_at[p]:
-                self._guarded(task, task.process, batch)
+        took: dict[int, KafkaTask] = {}  # id(transaction) -> a task in it
+        # KafkaTask.process's, set once here (several inputs wait for the registry inline: left off for them)
+        background = background_registry_lookups.set(not self.app.multi_input)
+        try:
+            for p, batch in batches.items():
+                task = self.tasks.get(p)
+                # Not after a seek back since the poll (docs/guarantees.md: rewind-after-abort): with one transaction
+                # for the process, an abort while an earlier partition's batch ran rewinds this one too, and its batch
+                # continues from the old position: handing it over would skip the records in between.
+                if task is not None and task.phase is Phase.RUNNING and task.seeks == polled_at[p]:
+                    self._guarded(task, task.process, batch)
+                    took[id(task.txn)] = task
+        finally:
+            background_registry_lookups.reset(background)
+        for task in took.values():
+            if not task.txn.broken:
+                self._guarded(task, task.txn.poll)
 
     def _tick_timers(self) -> None:
         """Wall-clock timers fire even when no record arrives, and a burst of due stream timers goes on, both bounded
