@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
-from pipeline.metrics import HealthServer
+from pipeline.metrics import HealthServer, Routes
 from pipeline.retry import Backoff
 from pipeline.settings import Settings, live_timeout_ms
 
@@ -112,8 +112,39 @@ def instance_id_base(settings: Settings, host: str | None = None) -> str:
 
 def worker_settings(settings: Settings, slot: int, host: str | None = None) -> Settings:
     """The settings of the worker in `slot`: its own static-member id (static members need distinct ids), and no
-    metrics port (the supervisor serves the one endpoint)."""
-    return settings.with_overrides(group_instance_id=f"{instance_id_base(settings, host)}-w{slot}", metrics_port=0)
+    metrics port (the supervisor serves the one endpoint); with QUERY_ENABLED its own port for the queries of the
+    partitions it owns, METRICS_PORT + 1 + slot, and that address in the directory its heartbeats carry."""
+    instance_id = f"{instance_id_base(settings, host)}-w{slot}"
+    if not (settings.query_enabled and settings.metrics_port):
+        return settings.with_overrides(group_instance_id=instance_id, metrics_port=0)
+    port = worker_query_port(settings, slot)
+    address = f"{query_host(settings, host)}:{port}"
+    return settings.with_overrides(group_instance_id=instance_id, metrics_port=port, query_address=address)
+
+
+def worker_query_port(settings: Settings, slot: int) -> int:
+    return settings.metrics_port + 1 + slot
+
+
+def query_host(settings: Settings, host: str | None = None) -> str:
+    """Where the others reach this host's workers: QUERY_ADDRESS's host (the supervisor's address), else this host's
+    name."""
+    return settings.query_address.rpartition(":")[0] if settings.query_address else host or socket.gethostname()
+
+
+def to_a_worker(settings: Settings) -> Routes | None:
+    """With QUERY_ENABLED, the supervisor's port sends a query to worker 0 (307), which answers it or sends it on to
+    the owner: a client may be given the one address of the service."""
+    if not settings.query_enabled:
+        return None
+    worker = f"{query_host(settings)}:{worker_query_port(settings, 0)}"
+
+    def route(path: str, headers: Mapping[str, str]) -> tuple[int, bytes, Mapping[str, str]] | None:
+        if path == "/state" or path.startswith(("/state/", "/state?", "/tables/")):
+            return 307, b"", {"Location": f"http://{worker}{path}", "Content-Type": "text/plain"}
+        return None
+
+    return route
 
 
 class InstanceIdsTaken(RuntimeError):
@@ -390,7 +421,8 @@ def _supervise(
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
         port = settings.metrics_port
-        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live=is_live).start() if port else None
+        routes, host = to_a_worker(settings), settings.metrics_host
+        health = HealthServer(metrics, is_ready, port, host, is_live=is_live, routes=routes).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:
