@@ -34,6 +34,7 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.query_client import QueryError, query
 from pipeline.testing.faults import produce_paced
 from pipeline.testing.inputs import account_partition, create_topics, running_totals_records
 
@@ -116,7 +117,13 @@ def owner_of(ports: list[int]) -> dict[int, int]:
 
 
 def query_phase(
-    owners: dict[int, int], ports: list[int], qps: int, seconds: float, routed: bool, clients: int
+    owners: dict[int, int],
+    ports: list[int],
+    qps: int,
+    seconds: float,
+    routed: bool,
+    clients: int,
+    library: bool = False,
 ) -> tuple[list[float], int, dict[int, int], int, list[float]]:
     """`qps` GETs a second for `seconds`, open loop: `clients` querier processes, each on its own kept-alive
     connections, take every `clients`-th slot of one schedule (slot i at start + i/qps), so that a slow answer delays
@@ -126,7 +133,7 @@ def query_phase(
     the querier's own wait (ms): from the answer's arrival in its socket to the querier reading it (both answers of
     a redirect), the part of the latency that is the querier waiting for a core, not the instance."""
     start_at = time.monotonic() + 3.0  # CLOCK_MONOTONIC in every process; the spawned queriers are up by then
-    work = [(owners, ports, qps, seconds, routed, clients, j, start_at) for j in range(clients)]
+    work = [(owners, ports, qps, seconds, routed, clients, j, start_at, library) for j in range(clients)]
     # spawn, not fork: a fork of this process (threads of the Kafka clients, the pool's own) once left a querier
     # stuck on a lock copied held, and the copy of the input's records is not needed there
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
@@ -141,9 +148,19 @@ def query_phase(
 
 
 def query_slots(
-    owners: dict[int, int], ports: list[int], qps: int, seconds: float, routed: bool, clients: int, j: int, start: float
+    owners: dict[int, int],
+    ports: list[int],
+    qps: int,
+    seconds: float,
+    routed: bool,
+    clients: int,
+    j: int,
+    start: float,
+    library: bool = False,
 ) -> tuple[list[float], int, dict[int, int], int, list[float]]:
-    """One querier process of query_phase: the slots j, j + clients, ... of the schedule."""
+    """One querier process of query_phase: the slots j, j + clients, ... of the schedule; `library`: each query by
+    pipeline.query_client.query (http.client on its kept-alive connections, the redirect followed), what a service
+    using the client sees, instead of the raw sockets."""
     connections = {port: Raw(port) for port in ports}
     keys = [f"account-{k}" for k in range(ACCOUNTS)]
     latencies: list[float] = []
@@ -160,6 +177,14 @@ def query_slots(
         p = account_partition(key.encode(), PARTITIONS)
         first = owners[p] if not routed else next(port for port in ports if port != owners[p])
         path = f"/state/{key}?partition={p}"
+        if library:
+            status, hops = library_get(first, key, p)
+            redirected += hops > 1
+            if status in (200, 404):
+                latencies.append((time.monotonic() - t0) * 1000)
+            else:
+                refused[status] = refused.get(status, 0) + 1
+            continue
         status, location = connections[first].get(path)
         waited = connections[first].waited
         if status == 307:
@@ -173,6 +198,15 @@ def query_slots(
         else:  # 503: a rebalance or a directory that does not know the owner yet; counted, not timed
             refused[status] = refused.get(status, 0) + 1
     return latencies, redirected, refused, late, waits
+
+
+def library_get(port: int, key: str, p: int) -> tuple[int, int]:
+    """(status, instances asked) of one query by the package's client."""
+    try:
+        answer = query(f"http://127.0.0.1:{port}", key, partition=p, timeout_s=0.5)
+    except QueryError as e:
+        return e.status, 1
+    return answer.status, len(answer.hops)
 
 
 class Raw:
@@ -232,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     # 2: each querier process costs CPU on the same cores (4 gave p99 13-15 ms where 2 gave 8.7 and 1 gave 6.3, the
     # one falling behind its schedule more often); BENCHMARKS.md
     parser.add_argument("--clients", type=int, default=2, help="querier processes sharing the pace")
+    parser.add_argument(
+        "--library", action="store_true", help="query with pipeline.query_client (http.client) instead of raw sockets"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the instances are stopped on the way out
     suffix = uuid.uuid4().hex[:8]
@@ -258,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.seconds)
             else:
                 latencies, redirected, refused, late, waits = query_phase(
-                    owners, ports, args.qps, args.seconds, phase == "routed", args.clients
+                    owners, ports, args.qps, args.seconds, phase == "routed", args.clients, args.library
                 )
                 print(
                     f"        owners {owners}; {redirected} of {len(latencies)} answers redirected; refused {refused}; "
