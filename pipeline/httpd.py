@@ -17,6 +17,7 @@ import logging
 import socket
 import socketserver
 import threading
+import traceback
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
@@ -108,8 +109,11 @@ class _Connection(socketserver.BaseRequestHandler):
             return False
         try:
             status, body, reply_headers = self.respond(target, headers)
-        except Exception as e:  # a bug behind a path: this request fails, not the server (the log says which)
-            log.error("answering GET %s failed: %s", target.partition("?")[0], type(e).__name__, exc_info=True)
+        except Exception as e:  # a bug behind a path: this request fails, not the server
+            # where, not the message nor the traceback's: either may hold a value of the state or a token
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            path = target.lstrip("/").partition("?")[0].partition("/")[0]  # its first segment: not a key
+            log.error("answering GET /%s failed: %s at %s:%s", path, type(e).__name__, where.filename, where.lineno)
             self._send(reply_bytes(500, b"the request failed; see the log\n", {"Content-Type": "text/plain"}, True))
             return False
         self._send(reply_bytes(status, body, reply_headers, close=not keep_alive))

@@ -136,13 +136,16 @@ def test_a_request_it_does_not_take_is_refused_and_the_connection_closed(
     assert not seen
 
 
-def test_a_failing_answer_is_a_500_without_its_message(served: tuple[int, Seen]) -> None:
+def test_a_failing_answer_is_a_500_without_its_message(
+    served: tuple[int, Seen], caplog: pytest.LogCaptureFixture
+) -> None:
     port, _ = served
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(b"GET /bug HTTP/1.1\r\n\r\n")
         status, headers, body = read_answer(sock, bytearray())
         assert (status, headers["connection"]) == (500, "close") and b"must not" not in body
         assert closed(sock)
+    assert "KeyError at" in caplog.text and "must not" not in caplog.text
 
 
 def test_a_request_head_without_end_is_refused_once_too_long(served: tuple[int, Seen]) -> None:
