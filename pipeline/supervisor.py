@@ -10,7 +10,9 @@ log level, its slot. Each worker runs the service as a single process does (pipe
                                         it is not set (static members need distinct ids; under PRODUCERS=per_process
                                         the producer is named after it, so a restarted worker aborts what the killed
                                         one left open at once: docs/guarantees.md, zombies-stay-out)
-    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all)
+    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all);
+                                        with QUERY_ENABLED METRICS_PORT + 1 + slot, for queries of the partitions
+                                        it owns (pipeline/worker_identity.py)
     PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
 The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
 A worker that exits is started again in its slot at once: under its static id it takes its membership and its
@@ -35,7 +37,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,9 +48,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
-from pipeline.metrics import HealthServer, Routes
+from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
 from pipeline.settings import Settings, live_timeout_ms
+from pipeline.worker_identity import instance_id_base, to_a_worker, worker_settings
 
 if TYPE_CHECKING:
     from pipeline.kafka.liveness import Announcer
@@ -102,49 +104,6 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with code {returncode}"
-
-
-def instance_id_base(settings: Settings, host: str | None = None) -> str:
-    """What the workers' static ids start with: GROUP_INSTANCE_ID, or this host's name (unique per host: a
-    StatefulSet's pod name, a machine's name)."""
-    return settings.group_instance_id or host or socket.gethostname()
-
-
-def worker_settings(settings: Settings, slot: int, host: str | None = None) -> Settings:
-    """The settings of the worker in `slot`: its own static-member id (static members need distinct ids), and no
-    metrics port (the supervisor serves the one endpoint); with QUERY_ENABLED its own port for the queries of the
-    partitions it owns, METRICS_PORT + 1 + slot, and that address in the directory its heartbeats carry."""
-    instance_id = f"{instance_id_base(settings, host)}-w{slot}"
-    if not (settings.query_enabled and settings.metrics_port):
-        return settings.with_overrides(group_instance_id=instance_id, metrics_port=0)
-    port = worker_query_port(settings, slot)
-    address = f"{query_host(settings, host)}:{port}"
-    return settings.with_overrides(group_instance_id=instance_id, metrics_port=port, query_address=address)
-
-
-def worker_query_port(settings: Settings, slot: int) -> int:
-    return settings.metrics_port + 1 + slot
-
-
-def query_host(settings: Settings, host: str | None = None) -> str:
-    """Where the others reach this host's workers: QUERY_ADDRESS's host (the supervisor's address), else this host's
-    name."""
-    return settings.query_address.rpartition(":")[0] if settings.query_address else host or socket.gethostname()
-
-
-def to_a_worker(settings: Settings) -> Routes | None:
-    """With QUERY_ENABLED, the supervisor's port sends a query to worker 0 (307), which answers it or sends it on to
-    the owner: a client may be given the one address of the service."""
-    if not settings.query_enabled:
-        return None
-    worker = f"{query_host(settings)}:{worker_query_port(settings, 0)}"
-
-    def route(path: str, headers: Mapping[str, str]) -> tuple[int, bytes, Mapping[str, str]] | None:
-        if path == "/state" or path.startswith(("/state/", "/state?", "/tables/")):
-            return 307, b"", {"Location": f"http://{worker}{path}", "Content-Type": "text/plain"}
-        return None
-
-    return route
 
 
 class InstanceIdsTaken(RuntimeError):
@@ -420,9 +379,8 @@ def _supervise(
         def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
-        port = settings.metrics_port
-        routes, host = to_a_worker(settings), settings.metrics_host
-        health = HealthServer(metrics, is_ready, port, host, is_live=is_live, routes=routes).start() if port else None
+        port, routes = settings.metrics_port, to_a_worker(settings)
+        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live, routes).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:

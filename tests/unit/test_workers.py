@@ -30,11 +30,11 @@ from pipeline.supervisor import (
     describe_exit,
     instance_ids_lock,
     restart_delay,
-    to_a_worker,
     worker_command,
     worker_env,
     worker_settings,
 )
+from pipeline.worker_identity import to_a_worker
 from tests.fakes import FakeClock
 from tests.support import eventually
 
