@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -103,10 +104,13 @@ class _Connections:
     def __init__(self) -> None:
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def take(self, netloc: str, timeout_s: float) -> tuple[http.client.HTTPConnection, bool]:
         """(a connection to netloc, whether it was kept from an earlier request)."""
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: the sockets are its parent's too, never to share
+                self._idle, self._pid = {}, os.getpid()
             idle = self._idle.get(netloc)
             connection = idle.pop() if idle else None
         if connection is None:

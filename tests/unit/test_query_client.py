@@ -3,6 +3,7 @@ followed on the owner's kept one, and a kept connection the server closed meanwh
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import threading
 from collections.abc import Iterator, Mapping
@@ -80,3 +81,25 @@ def test_a_kept_connection_the_server_closed_is_replaced() -> None:
     finally:
         listener.close()
     assert len(accepted) == 3
+
+
+def test_a_forked_child_does_not_use_its_parents_kept_connections() -> None:
+    """The child's socket would be the parent's too: two processes' requests and answers interleaved on it."""
+    asked: list[int] = []  # the server thread (one per connection) of each request
+
+    def route(path: str, headers: Mapping[str, str]) -> tuple[int, bytes, Mapping[str, str]] | None:
+        asked.append(threading.get_ident())
+        return 200, b'{"value": 1}', {"Content-Type": "application/json"}
+
+    server = HealthServer(Metrics(), lambda: True, 0, "127.0.0.1", routes=route).start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert query(url, "k").value == 1
+        child = multiprocessing.get_context("fork").Process(target=query, args=(url, "k"))
+        child.start()
+        child.join(10)
+        assert child.exitcode == 0
+        assert query(url, "k").value == 1  # the parent's kept connection still works
+    finally:
+        server.stop()
+    assert asked[0] == asked[2] != asked[1], asked
