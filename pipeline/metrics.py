@@ -7,14 +7,14 @@ single process)."""
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from pipeline.httpd import HttpServer, Respond
 
 # Input record timestamp -> commit: a few ms (at_least_once), about the commit interval (exactly_once: 20 ms - 1 s
 # are usual), minutes for a backlog worked off after a restart.
@@ -212,63 +212,37 @@ class HealthServer:
         is_live: Callable[[], bool] = lambda: True,
         routes: Routes | None = None,
     ) -> None:
-        handler = _handler(metrics, is_ready, is_live, routes)
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="health", daemon=True)
+        self._server = HttpServer(host, port, _respond(metrics, is_ready, is_live, routes), name="health")
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1]
+        return self._server.port
 
     def start(self) -> HealthServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
 
-def _handler(
+def _respond(
     metrics: Exposition, is_ready: Callable[[], bool], is_live: Callable[[], bool], routes: Routes | None
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: a client asking often pays one connection, not one per request
-        # Headers and body leave in two writes: with Nagle's algorithm the body waited for the client's delayed ACK,
-        # 40 ms per request on a kept-alive connection (measured by tools/bench/queries.py).
-        disable_nagle_algorithm = True
+) -> Respond:
+    """The answer to a GET of `path`: the health paths here, the others from `routes`, else 404."""
+    text = {"Content-Type": "text/plain"}
 
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
-            elif self.path == "/ready":
-                ready = is_ready()
-                self._reply(200 if ready else 503, b"ready\n" if ready else b"restoring\n")
-            elif self.path == "/live":
-                live = is_live()
-                self._reply(200 if live else 503, b"live\n" if live else b"stuck: the poll loop stopped turning\n")
-            elif routes is not None and (routed := routes(self.path, _lower(self.headers.items()))) is not None:
-                status, body, headers = routed
-                self._reply(status, body, headers=headers)
-            else:
-                self._reply(404, b"not found\n")
+    def respond(path: str, headers: Mapping[str, str]) -> tuple[int, bytes, Mapping[str, str]]:
+        if path == "/metrics":
+            return 200, metrics.exposition(), {"Content-Type": CONTENT_TYPE_LATEST}
+        if path == "/ready":
+            ready = is_ready()
+            return (200, b"ready\n", text) if ready else (503, b"restoring\n", text)
+        if path == "/live":
+            live = is_live()
+            return (200, b"live\n", text) if live else (503, b"stuck: the poll loop stopped turning\n", text)
+        if routes is not None and (routed := routes(path, headers)) is not None:
+            return routed
+        return 404, b"not found\n", text
 
-        def _reply(
-            self, status: int, body: bytes, content_type: str = "text/plain", headers: Mapping[str, str] | None = None
-        ) -> None:
-            """Status line, headers and body in one write: a second write would wait for the GIL again (the poll
-            loop takes it at the first write's release, for up to the switch interval) while the client waits."""
-            lines = [f"{self.protocol_version} {status} {self.responses.get(status, ('',))[0]}"]
-            lines += [f"{name}: {value}" for name, value in {"Content-Type": content_type, **(headers or {})}.items()]
-            lines += [f"Content-Length: {len(body)}", "\r\n"]
-            self.wfile.write("\r\n".join(lines).encode("latin-1") + body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    return Handler
-
-
-def _lower(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Request headers by lower-case name (HTTP header names are case-insensitive)."""
-    return {name.lower(): value for name, value in headers}
+    return respond

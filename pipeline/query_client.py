@@ -1,6 +1,7 @@
 """A client of the interactive queries (pipeline/core/queries.py) for other services and `pipeline query`: one GET,
-following the owner's redirect (307) and waiting out a restore (503 with Retry-After) up to a deadline. Standard
-library only: a service that only asks needs nothing else of this package.
+following the owner's redirect (307) and waiting out a restore (503 with Retry-After) up to a deadline, on kept-alive
+connections (one per address and thread asking at once). Standard library only: a service that only asks needs
+nothing else of this package.
 
     from pipeline.query_client import query
     answer = query("http://orders-0:9400", "acct-1", min_offset=1234, token=os.environ["QUERY_TOKEN"])
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,21 +95,100 @@ def query(
         raise QueryError(status, str(reason))
 
 
+class _Connections:
+    """Kept-alive connections by host:port, each used by one request at a time: a service asking often pays the TCP
+    handshake (and the server its thread) once, not per query; a redirect followed lands on the owner's kept one."""
+
+    MAX_IDLE = 8  # per address: more threads asking at once each open their own, and close it after
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def take(self, netloc: str, timeout_s: float) -> tuple[http.client.HTTPConnection, bool]:
+        """(a connection to netloc, whether it was kept from an earlier request)."""
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the sockets are its parent's too, never to share
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get(netloc)
+            connection = idle.pop() if idle else None
+        if connection is None:
+            return http.client.HTTPConnection(netloc, timeout=timeout_s), False
+        connection.timeout = timeout_s
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout_s)
+        return connection, True
+
+    def give_back(self, netloc: str, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(netloc, [])
+            if len(idle) < self.MAX_IDLE:
+                idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            connections = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for connection in connections:
+            connection.close()
+
+
+_CONNECTIONS = _Connections()
+
+
+def close_connections() -> None:
+    """Closes the kept-alive connections of this process's queries (they are also closed at exit)."""
+    _CONNECTIONS.close()
+
+
 def _get(url: str, token: str, timeout_s: float) -> tuple[int, dict[str, str], dict[str, Any]]:
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.netloc, timeout=timeout_s)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        connection.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
-        response = connection.getresponse()
-        raw = response.read()
-        reply_headers = {name.lower(): value for name, value in response.getheaders()}
-    except OSError as e:
+        try:
+            status, reply_headers, raw = _exchange(parts.netloc, target, headers, timeout_s, kept=True)
+        except _StaleConnection:  # the server closed a kept connection while it was idle: a GET is asked again
+            status, reply_headers, raw = _exchange(parts.netloc, target, headers, timeout_s, kept=False)
+    except (OSError, http.client.HTTPException) as e:
         raise QueryError(0, f"{parts.netloc}: {e}") from e
-    finally:
-        connection.close()
     try:
         body = json.loads(raw) if raw else {}
     except ValueError:
         body = {"error": raw.decode("utf-8", "replace").strip()}
-    return response.status, reply_headers, body if isinstance(body, dict) else {"value": body}
+    return status, reply_headers, body if isinstance(body, dict) else {"value": body}
+
+
+class _StaleConnection(Exception):
+    pass
+
+
+def _exchange(
+    netloc: str, target: str, headers: dict[str, str], timeout_s: float, kept: bool
+) -> tuple[int, dict[str, str], bytes]:
+    """One GET on a kept connection to netloc if there is one (`kept`), else on a new one; the connection is kept
+    for the next unless the server said it closes it."""
+    connection, reused = _CONNECTIONS.take(netloc, timeout_s) if kept else (None, False)
+    if connection is None:
+        connection = http.client.HTTPConnection(netloc, timeout=timeout_s)
+    try:
+        connection.request("GET", target, headers=headers)
+        response = connection.getresponse()
+        raw = response.read()
+    except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as e:
+        connection.close()
+        if reused:
+            raise _StaleConnection from e
+        raise
+    except BaseException:
+        connection.close()
+        raise
+    reply_headers = {name.lower(): value for name, value in response.getheaders()}
+    if response.will_close:
+        connection.close()
+    else:
+        _CONNECTIONS.give_back(netloc, connection)
+    return response.status, reply_headers, raw

@@ -294,7 +294,7 @@ def _validate_failover(s: Settings) -> None:
 
 
 def _validate_queries(s: Settings) -> None:
-    require(not s.query_enabled or s.metrics_port > 0, "QUERY_ENABLED needs METRICS_PORT (not --workers N, yet)")
+    require(not s.query_enabled or s.metrics_port > 0, "QUERY_ENABLED needs METRICS_PORT")
     require(
         s.query_partitioner in ("murmur2", "crc32"), f"QUERY_PARTITIONER: murmur2 or crc32, not {s.query_partitioner!r}"
     )

@@ -10,7 +10,9 @@ log level, its slot. Each worker runs the service as a single process does (pipe
                                         it is not set (static members need distinct ids; under PRODUCERS=per_process
                                         the producer is named after it, so a restarted worker aborts what the killed
                                         one left open at once: docs/guarantees.md, zombies-stay-out)
-    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all)
+    METRICS_PORT=0                      the supervisor serves the one endpoint (/metrics, /ready, /live of all);
+                                        with QUERY_ENABLED METRICS_PORT + 1 + slot, for queries of the partitions
+                                        it owns (pipeline/worker_identity.py)
     PROMETHEUS_MULTIPROC_DIR=<a temporary directory the supervisor owns and removes>, in its environment
 The settings travel on a pipe, never on a command line: they may hold credentials (`ps` shows command lines).
 A worker that exits is started again in its slot at once: under its static id it takes its membership and its
@@ -35,7 +37,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
 from pipeline.settings import Settings, live_timeout_ms
+from pipeline.worker_identity import instance_id_base, to_a_worker, worker_settings
 
 if TYPE_CHECKING:
     from pipeline.kafka.liveness import Announcer
@@ -102,18 +104,6 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with code {returncode}"
-
-
-def instance_id_base(settings: Settings, host: str | None = None) -> str:
-    """What the workers' static ids start with: GROUP_INSTANCE_ID, or this host's name (unique per host: a
-    StatefulSet's pod name, a machine's name)."""
-    return settings.group_instance_id or host or socket.gethostname()
-
-
-def worker_settings(settings: Settings, slot: int, host: str | None = None) -> Settings:
-    """The settings of the worker in `slot`: its own static-member id (static members need distinct ids), and no
-    metrics port (the supervisor serves the one endpoint)."""
-    return settings.with_overrides(group_instance_id=f"{instance_id_base(settings, host)}-w{slot}", metrics_port=0)
 
 
 class InstanceIdsTaken(RuntimeError):
@@ -389,8 +379,8 @@ def _supervise(
         def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
-        port = settings.metrics_port
-        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live=is_live).start() if port else None
+        port, routes = settings.metrics_port, to_a_worker(settings)
+        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live, routes).start() if port else None
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:

@@ -265,3 +265,45 @@ def _ask_path(port: int, path: str) -> tuple[int, dict[str, Any], str]:
         return 0, {}, ""
     finally:
         connection.close()
+
+
+def test_under_workers_each_worker_answers_on_its_own_port_and_the_directory_names_it(fault_run):
+    """`pipeline run --workers 2` with QUERY_ENABLED: worker k answers the partitions it owns on METRICS_PORT + 1 + k
+    and its heartbeats carry that address; a query asked at the supervisor's port goes to worker 0, then to the
+    owner. Every partition is answered, by both workers between them, with the committed state at the offset named."""
+    port = next(p for p in iter(free_port, 0) if all(_free(p + k) for k in (1, 2)))
+    run = fault_run(
+        query_enabled="true", query_partitioner="crc32", failure_detection_ms="1000", commit_interval_ms="200"
+    )
+    records = list(inputs.running_totals_records(6_000, partitions=PARTITIONS, accounts=ACCOUNTS, seed=12))
+    run.feed(records, seconds=10)
+    fleet = run.start(0)
+    fleet.run_args = ("--workers", "2")
+    fleet.start(1, **_env(port))
+    workers = {f"http://127.0.0.1:{port + 1 + k}" for k in (0, 1)}
+
+    def every_partition_by_both() -> list[tuple[int, Any]] | None:
+        try:
+            asked = [(p, query(f"http://127.0.0.1:{port}", None, prefix="account-", partition=p)) for p in range(3)]
+        except QueryError:
+            return None  # starting, restoring, a rebalance
+        return asked if {answer.hops[-1] for _, answer in asked} == workers else None
+
+    answers = eventually(every_partition_by_both, timeout_s=90, interval_s=0.5)
+    outcome = run.finish()
+    assert_exactly_once(outcome)
+    assert outcome.verdict is not None
+    outputs = replayed(outcome.verdict.final_outputs)
+    for p, answer in answers:
+        assert answer.hops[1] == f"http://127.0.0.1:{port + 1}"  # the supervisor's redirect: worker 0
+        state = {e["key"]: e["value"] for e in answer.body["entries"]}
+        assert state == state_at(outputs[p], answer.offset or 0), p
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -34,6 +34,7 @@ from pipeline.supervisor import (
     worker_env,
     worker_settings,
 )
+from pipeline.worker_identity import to_a_worker
 from tests.fakes import FakeClock
 from tests.support import eventually
 
@@ -297,3 +298,20 @@ def test_a_second_signal_kills_workers_that_do_not_stop() -> None:
     second_signal.set()
     _wait_stopped(supervisor, second_signal)
     assert supervisor.unclean == ["worker 0: killed by SIGKILL"]
+
+
+def test_with_queries_each_worker_serves_its_own_port_and_the_supervisors_sends_queries_to_worker_0() -> None:
+    env = {"PIPELINE_METRICS_PORT": "9100", "PIPELINE_QUERY_ENABLED": "true"}
+    settings = load_settings(None, {**env, "PIPELINE_QUERY_ADDRESS": "pod-7.svc:9100"})
+    workers = [worker_settings(settings, slot) for slot in (0, 1)]
+    assert [(w.metrics_port, w.query_address) for w in workers] == [(9101, "pod-7.svc:9101"), (9102, "pod-7.svc:9102")]
+    assert worker_settings(load_settings(None, env), 1, host="node-3").query_address.endswith(":9102")
+    route = to_a_worker(settings)
+    assert route is not None and route("/metrics", {}) is None
+    assert route("/state/acct-1?min_offset=3", {}) == (
+        307,
+        b"",
+        {"Location": "http://pod-7.svc:9101/state/acct-1?min_offset=3", "Content-Type": "text/plain"},
+    )
+    assert route("/state?prefix=a", {})[0] == 307 and route("/tables/t/k", {})[0] == 307  # type: ignore[index]
+    assert to_a_worker(load_settings(None, {"PIPELINE_METRICS_PORT": "9100"})) is None

@@ -8,7 +8,8 @@ a producer process feeds them at a paced rate (5,000 rec/s by default). Three ph
 The queries are paced open loop by `--clients` querier processes, each with kept-alive connections to both instances
 and every `--clients`-th slot of one schedule: a slow answer delays its own process, not the pace (a single closed
 loop could not keep 1,000/s and measured its own queueing). Per query phase: the latency p50/p99/max from each
-query's send to its answer, the rate achieved and how many queries left late; per phase: records processed per
+query's send to its answer, the rate achieved, how many queries left late and the querier's own wait for a core
+once an answer arrived (Linux: the kernel's receive timestamp); per phase: records processed per
 second, the processes' CPU (s per s) and the end-to-end latency's mean from their /metrics. The querier, the
 producer and the pipeline are separate processes. Results: BENCHMARKS.md.
 
@@ -25,6 +26,7 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,12 +34,14 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.query_client import QueryError, query
 from pipeline.testing.faults import produce_paced
 from pipeline.testing.inputs import account_partition, create_topics, running_totals_records
 
 PARTITIONS = 3
 ACCOUNTS = 300
 APP = "pipeline.examples.running_totals:app"
+SO_TIMESTAMPNS = 35  # Linux's socket option (and control message type): not named by Python's socket module
 
 
 def free_port() -> int:
@@ -113,15 +117,23 @@ def owner_of(ports: list[int]) -> dict[int, int]:
 
 
 def query_phase(
-    owners: dict[int, int], ports: list[int], qps: int, seconds: float, routed: bool, clients: int
-) -> tuple[list[float], int, dict[int, int], int]:
+    owners: dict[int, int],
+    ports: list[int],
+    qps: int,
+    seconds: float,
+    routed: bool,
+    clients: int,
+    library: bool = False,
+) -> tuple[list[float], int, dict[int, int], int, list[float]]:
     """`qps` GETs a second for `seconds`, open loop: `clients` querier processes, each on its own kept-alive
     connections, take every `clients`-th slot of one schedule (slot i at start + i/qps), so that a slow answer delays
     only its own process's next query, not the pace. Returns each answer's latency (ms, from its send, the redirect
     followed), how many were redirected, the other statuses and their counts, and how many queries left more than
-    1 ms after their slot (the querier could not keep the pace: the rate achieved is reported)."""
+    1 ms after their slot (the querier could not keep the pace: the rate achieved is reported), and per timed answer
+    the querier's own wait (ms): from the answer's arrival in its socket to the querier reading it (both answers of
+    a redirect), the part of the latency that is the querier waiting for a core, not the instance."""
     start_at = time.monotonic() + 3.0  # CLOCK_MONOTONIC in every process; the spawned queriers are up by then
-    work = [(owners, ports, qps, seconds, routed, clients, j, start_at) for j in range(clients)]
+    work = [(owners, ports, qps, seconds, routed, clients, j, start_at, library) for j in range(clients)]
     # spawn, not fork: a fork of this process (threads of the Kafka clients, the pool's own) once left a querier
     # stuck on a lock copied held, and the copy of the input's records is not needed there
     with multiprocessing.get_context("spawn").Pool(clients) as pool:
@@ -131,16 +143,28 @@ def query_phase(
     for part in parts:
         for status, count in part[2].items():
             refused[status] = refused.get(status, 0) + count
-    return latencies, sum(part[1] for part in parts), refused, sum(part[3] for part in parts)
+    waits = [ms for part in parts for ms in part[4]]
+    return latencies, sum(part[1] for part in parts), refused, sum(part[3] for part in parts), waits
 
 
 def query_slots(
-    owners: dict[int, int], ports: list[int], qps: int, seconds: float, routed: bool, clients: int, j: int, start: float
-) -> tuple[list[float], int, dict[int, int], int]:
-    """One querier process of query_phase: the slots j, j + clients, ... of the schedule."""
+    owners: dict[int, int],
+    ports: list[int],
+    qps: int,
+    seconds: float,
+    routed: bool,
+    clients: int,
+    j: int,
+    start: float,
+    library: bool = False,
+) -> tuple[list[float], int, dict[int, int], int, list[float]]:
+    """One querier process of query_phase: the slots j, j + clients, ... of the schedule; `library`: each query by
+    pipeline.query_client.query (http.client on its kept-alive connections, the redirect followed), what a service
+    using the client sees, instead of the raw sockets."""
     connections = {port: Raw(port) for port in ports}
     keys = [f"account-{k}" for k in range(ACCOUNTS)]
     latencies: list[float] = []
+    waits: list[float] = []
     redirected, late, refused = 0, 0, dict[int, int]()
     for i in range(j, int(qps * seconds), clients):
         slot = start + i / qps
@@ -153,15 +177,36 @@ def query_slots(
         p = account_partition(key.encode(), PARTITIONS)
         first = owners[p] if not routed else next(port for port in ports if port != owners[p])
         path = f"/state/{key}?partition={p}"
+        if library:
+            status, hops = library_get(first, key, p)
+            redirected += hops > 1
+            if status in (200, 404):
+                latencies.append((time.monotonic() - t0) * 1000)
+            else:
+                refused[status] = refused.get(status, 0) + 1
+            continue
         status, location = connections[first].get(path)
+        waited = connections[first].waited
         if status == 307:
             redirected += 1
-            status, _ = connections[int(location.split(":")[2].split("/")[0])].get(path)
+            owner = connections[int(location.split(":")[2].split("/")[0])]
+            status, _ = owner.get(path)
+            waited += owner.waited
         if status in (200, 404):
             latencies.append((time.monotonic() - t0) * 1000)
+            waits.append(waited * 1000)
         else:  # 503: a rebalance or a directory that does not know the owner yet; counted, not timed
             refused[status] = refused.get(status, 0) + 1
-    return latencies, redirected, refused, late
+    return latencies, redirected, refused, late, waits
+
+
+def library_get(port: int, key: str, p: int) -> tuple[int, int]:
+    """(status, instances asked) of one query by the package's client."""
+    try:
+        answer = query(f"http://127.0.0.1:{port}", key, partition=p, timeout_s=0.5)
+    except QueryError as e:
+        return e.status, 1
+    return answer.status, len(answer.hops)
 
 
 class Raw:
@@ -173,6 +218,12 @@ class Raw:
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The kernel's receive time of each chunk (Linux): how long the answer waited in the socket for this process
+        # to get a core (and the GIL-free recv to return) is the querier's own share of the latency.
+        self.timestamps = sys.platform == "linux"
+        if self.timestamps:
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.waited = 0.0  # of the last answer: from its last chunk's arrival to this process reading it (s)
 
     def get(self, path: str) -> tuple[int, str]:
         """(status, Location or "")."""
@@ -187,7 +238,15 @@ class Raw:
         return int(head[9:12]), fields.get("Location", "")
 
     def _recv(self) -> bytes:
-        chunk = self.sock.recv(65536)
+        if self.timestamps:
+            chunk, ancillary, _, _ = self.sock.recvmsg(65536, 64)
+            read_at = time.time()
+            for level, kind, data in ancillary:
+                if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS):
+                    seconds, nanoseconds = struct.unpack("qq", data[:16])
+                    self.waited = max(0.0, read_at - seconds - nanoseconds / 1e9)
+        else:
+            chunk = self.sock.recv(65536)
         if not chunk:
             raise ConnectionError("the instance closed the connection")
         return chunk
@@ -207,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     # 2: each querier process costs CPU on the same cores (4 gave p99 13-15 ms where 2 gave 8.7 and 1 gave 6.3, the
     # one falling behind its schedule more often); BENCHMARKS.md
     parser.add_argument("--clients", type=int, default=2, help="querier processes sharing the pace")
+    parser.add_argument(
+        "--library", action="store_true", help="query with pipeline.query_client (http.client) instead of raw sockets"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the instances are stopped on the way out
     suffix = uuid.uuid4().hex[:8]
@@ -232,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
             if phase == "quiet":
                 time.sleep(args.seconds)
             else:
-                latencies, redirected, refused, late = query_phase(
-                    owners, ports, args.qps, args.seconds, phase == "routed", args.clients
+                latencies, redirected, refused, late, waits = query_phase(
+                    owners, ports, args.qps, args.seconds, phase == "routed", args.clients, args.library
                 )
                 print(
                     f"        owners {owners}; {redirected} of {len(latencies)} answers redirected; refused {refused}; "
-                    f"{late} queries sent over 1 ms after their slot"
+                    f"{late} queries sent over 1 ms after their slot; the querier's own wait after an answer arrived "
+                    + (f"p50 {percentile(waits, 0.5):.2f} p99 {percentile(waits, 0.99):.2f} ms" if any(waits) else "-")
                 )
             after = [metrics(port) for port in ports], [cpu_seconds(i.pid) for i in instances], time.monotonic()
             report(phase, before, after, latencies, args.seconds)
