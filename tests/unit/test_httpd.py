@@ -117,7 +117,7 @@ def test_the_connection_closes_when_the_client_asks_or_speaks_http_1_0(
         (b"GET /x SPDY/3\r\n\r\n", 400),
         (b"GET /x HTTP/1.1\r\nno colon here\r\n\r\n", 400),
         (b"GET /x HTTP/1.1\r\nHost : h\r\n\r\n", 400),
-        (b"GET /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
+        (b"GET /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n20000\r\n" + b"x" * 70_000, 413),
         (b"GET /x HTTP/1.1\r\nContent-Length: many\r\n\r\n", 400),
         (b"GET /x HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n", 413),
         (b"GET /x HTTP/1.1\r\n" + b"A: b\r\n" * 101 + b"\r\n", 431),
