@@ -127,15 +127,9 @@ class StoreGauges:
 def local_stores(
     app: App, settings: Settings, app_id: str, registry: CollectorRegistry | None = None
 ) -> LocalStores | None:
-    """The process's disk stores with STATE_STORE=disk (a stateful App); None otherwise. What the disk store does not
-    carry yet fails here, at start-up, with the setting to change."""
+    """The process's disk stores with STATE_STORE=disk (a stateful App); None otherwise."""
     if settings.state_store != "disk" or not app.stateful:
         return None
-    if app.state_version > 1:
-        raise ConfigError(
-            f"STATE_STORE=disk does not migrate state versions yet (the App's state_version is {app.state_version}): "
-            "run it with STATE_STORE=memory"
-        )
     return LocalStores(settings, app_id, registry)
 
 
