@@ -8,6 +8,10 @@ or what other members wrote since it left p), and the last checkpoint must name 
 A store whose offset the changelog no longer holds (compacted or deleted past it, or the topic recreated), or whose
 checkpoint does not match, is wiped and p restored in full (snapshot + tail) into it; so is one that RocksDB cannot
 open (corrupted or truncated files) or that records no offset (a restore that never finished).
+
+The stores found on the disk at start-up (the 16 most recently written) are opened on threads of their own at once,
+while the process checks its topics, fences and joins the group: a restarted process's partitions are then open
+when they are assigned (tools/bench/disk_state.py restart: BENCHMARKS.md).
 """
 
 from __future__ import annotations
