@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from pipeline.app import App
+from pipeline.app import App, Output, Record, State
 from pipeline.serde import JSON
 from pipeline.settings import Settings
 from pipeline.state import PartitionState
@@ -149,3 +150,25 @@ def test_on_disk_state_a_newer_version_wrote_refuses_older_code_at_the_restart(t
     with pytest.raises(StateVersionError, match=r"p0: .*written by state version 2, this code is at version 1"):
         ready_state(v1, base, "p0")  # a rollback: one read of __eos.state_version, no scan
     stores.close()
+
+
+def keep(state: State, record: Record) -> list[Output]:
+    state[record.key] = record.value
+    return []
+
+
+@on_both_stores
+def test_a_failing_migrate_met_by_a_ttl_expiry_stops_the_partition_with_nothing_of_it_committed(
+    state_store: str,
+) -> None:
+    """On disk a TTL expiry reads the expired value (for its undo) and so migrates it: a migrate that fails there stops
+    p as a failing `process` read would, the expiry undone; in memory the restore met it already."""
+    old = App("ttl", "in", "out", keep, state_ttl_ms=1_000)
+    driver = AppDriver(old)
+    driver.send("a", {"n": 1}, timestamp_ms=0)
+    broken = replace(old, state_version=2, migrate=lambda version, value: None)
+    with pytest.raises(PartitionStopped, match=r"migrate\(1, value of state key 'a'\) returned None"):
+        driver.deploy(broken)
+        driver.send("b", {"n": 2}, timestamp_ms=5_000)  # on disk: "a" expires before "b", and its value is read
+    changelog = [r.key for r in driver.broker.committed_records(driver.changelog_topic)]
+    assert b"b" not in changelog and changelog.count(b"a") == changelog.count(b"__eos.ttl/a") == 1  # none committed
