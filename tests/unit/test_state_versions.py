@@ -1,5 +1,6 @@
-"""State versions: values tagged with the version that wrote them, migrated at restore, a newer state refused
-(pipeline/state/versions.py), through KafkaTask with the test driver."""
+"""State versions: values tagged with the version that wrote them, migrated at restore (on disk: as they are read), a
+newer state refused (pipeline/state/versions.py), through KafkaTask with the test driver on both stores, and the disk
+store's own: a restart from the local store, a snapshot from disk, a rollback."""
 
 from __future__ import annotations
 
