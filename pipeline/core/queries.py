@@ -50,10 +50,9 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Phase
 from pipeline.core.task import Task
 from pipeline.settings import Settings
-from pipeline.state.restore_setup import StandbyCopy
+from pipeline.state.restore_setup import AtStateVersion, StandbyCopy
 from pipeline.state.tables import TableView
 from pipeline.state.timed import RESERVED, TTL_PREFIX, WallTtlState
-from pipeline.state.versions import current_value
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 1_000  # keys in one range answer at most
@@ -147,30 +146,6 @@ class StandbyReads:
     copies: Mapping[int, StandbyCopy]
     owner_committed: Callable[[int], int | None]
     input_topic: str
-
-
-class AtStateVersion:
-    """A standby copy's committed reads at the App's state version (above 1): a copy holds the changelog's values as
-    they are, each tagged with the version that wrote it (pipeline/state/versions.py), where an owner's state (and a
-    disk store's committed reads) give the current version's bytes; older values are migrated as a restore would."""
-
-    def __init__(self, state: Any, app: App) -> None:
-        self.state, self._app = state, app
-
-    def _current(self, key: str, value: bytes) -> bytes:
-        app = self._app
-        return (
-            value
-            if key.startswith(RESERVED)
-            else current_value(value, app.state_version, app.state_serde, app.migrate, key)
-        )
-
-    def committed_get(self, key: str) -> bytes | None:
-        value = self.state.committed_get(key)
-        return None if value is None else self._current(key, value)
-
-    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
-        return [(key, self._current(key, value)) for key, value in self.state.committed_range(prefix, limit)]
 
 
 class StandbyRead:
