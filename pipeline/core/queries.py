@@ -50,7 +50,7 @@ from pipeline.app import App
 from pipeline.core.lifecycle import Phase
 from pipeline.core.task import Task
 from pipeline.settings import Settings
-from pipeline.state.restore_setup import StandbyCopy
+from pipeline.state.restore_setup import AtStateVersion, StandbyCopy
 from pipeline.state.tables import TableView
 from pipeline.state.timed import RESERVED, TTL_PREFIX, WallTtlState
 
@@ -405,7 +405,10 @@ class Queries:
             found = read(task)
             return task.committed_offset, found
         with task.commit_lock:
-            state, offset = task.state, task.committed_offset
+            state: Any = task.state
+            offset = task.committed_offset
+            if isinstance(task, StandbyRead) and self.app.state_version > 1:
+                state = AtStateVersion(state, self.app)
             found = read(state)
         if key is not None and found is not None and _expired(state, key):
             found = None

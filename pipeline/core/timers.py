@@ -135,9 +135,13 @@ class TimerFiring:
             self.pause_input(False)
 
     def _fire_one(self, state: TimedState, due: Due, clock: str, position: int) -> None:
-        if due.entry.startswith(TTL_PREFIX):  # a TTL expiry: no callback, nothing to fail, no retry machinery
+        if due.entry.startswith(TTL_PREFIX):  # a TTL expiry: no callback, no retry machinery
             state.begin_record()
-            state.remove(due)
+            try:
+                state.remove(due)
+            except CodeError as error:  # STATE_STORE=disk: the expired value, migrated as it is read, failed
+                state.undo_record()
+                raise CodeStop(f"{self.input_topic}[{self.partition}] TTL expiry of {due.entry}", error) from error
             return
         timer: Timer | None = None
         on_timer = self.app.on_timer

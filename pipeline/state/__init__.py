@@ -20,6 +20,7 @@ standby.py          warm standby copies of other members' partitions (STANDBY_RE
 timed.py            TimedState: timers, stream time and TTL deadlines kept as reserved state entries, so they
                     travel with the state (changelog, snapshots, restore, compaction)
 versions.py         state schema versions: values tagged with the version that wrote them, migrated at restore
+                    (on disk: as they are read)
 tables.py           tables as `process` reads them (TableView), and a co-partitioned table's undoable store
 table_restore.py    a task's co-partitioned tables rebuilt from their own topics
 global_tables.py    global tables: read whole before the group is joined, then followed

@@ -22,6 +22,14 @@ reported.
 
 Reads from another thread (interactive queries): `committed_get` and `committed_range` see the last committed
 transaction: RocksDB plus the batch being written, never the open dict.
+
+State versions (pipeline/state/versions.py): RocksDB holds each value as the changelog does, tagged with the version
+that wrote it (version 1: no tag), so a restore, a standby copy and a restart load changelog and snapshot entries as
+they are, and a snapshot is the store's entries as they are. The open dict holds the current version's bytes, as the
+memory store does; a read from the disk above version 1 (`StoredVersions`) takes the tag off and migrates an older
+value, every time it is read until the key is written again (a restart never rewrites 100 M keys). Version 1 reads
+the disk's bytes with no check at all. A state newer than the code refuses at the restore from one reserved entry,
+`__eos.state_version`, which every commit at a version above 1 writes (no scan of the keys).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ import signal
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
-from pipeline.app import App
+from pipeline.app import App, CodeError, Migrate
+from pipeline.serde import Serde
 from pipeline.state.changelog import Checkpoint
 from pipeline.state.rocks import LOAD_BATCH, DiskStore, StoreFull, StoreMemory
 from pipeline.state.store import PartitionState
@@ -45,17 +54,54 @@ from pipeline.state.timed import (
     restored_state,
     wall_clock_ms,
 )
-from pipeline.state.versions import refuse_newer
+from pipeline.state.versions import current_value, refuse_newer, tag
 
 log = logging.getLogger(__name__)
+
+
+class StoredVersions:
+    """Between the disk and a state at version > 1 (the module's docstring): values leave tagged with the version,
+    come back at the current one. Reserved keys (timers, TTL, the version itself) are never tagged."""
+
+    def __init__(self, store: DiskStore, version: int, serde: Serde, migrate: Migrate | None) -> None:
+        self.store, self.version, self.serde, self.migrate = store, version, serde, migrate
+        self.own_tag = tag(version, b"")
+
+    def get(self, key: str) -> bytes | None:
+        """A read through to the disk: the value at the current version."""
+        stored = self.store.get(key)
+        return stored if stored is None else self.current(key, stored)
+
+    def current(self, key: str, stored: bytes) -> bytes:
+        if key.startswith(RESERVED):
+            return stored
+        if stored.startswith(self.own_tag):
+            return stored[len(self.own_tag) :]
+        try:
+            return current_value(stored, self.version, self.serde, self.migrate, key)
+        except Exception as e:  # met by `process` (or on_timer): p stops at once, as the memory store's restore does
+            raise CodeError(
+                "migrate",
+                f"cannot read state key {key!r} at state version {self.version}: {type(e).__name__}: {e}",
+                "make migrate(version, value) return the value at the App's state_version for every older version",
+            ) from e
+
+    def stored(self, pending: Mapping[str, bytes | None]) -> dict[str, bytes | None]:
+        """A transaction's writes as the disk keeps them: tagged with the current version."""
+        own = self.own_tag
+        return {
+            key: value if value is None or key.startswith(RESERVED) else own + value for key, value in pending.items()
+        }
 
 
 class PendingWrites:
     """`_data` of a disk-backed state: the open transaction's writes (None: deleted) over the store. The subset of a
     dict's methods that PartitionState and TimedState use."""
 
-    def __init__(self, store: DiskStore) -> None:
+    def __init__(self, store: DiskStore, versions: StoredVersions | None = None) -> None:
         self.store = store
+        # A read of the disk: its bytes as they are (version 1), or at the current version (StoredVersions).
+        self.fetch = store.get if versions is None else versions.get
         self.pending: dict[str, bytes | None] = {}
         # The disk's values read in this transaction: `process` reading a key and then writing it reads it twice
         # (the undo log remembers the value before), and a RocksDB read costs more than the rest of the record.
@@ -75,7 +121,7 @@ class PendingWrites:
         if key in read:
             value = read[key]
         else:
-            value = read[key] = self.store.get(key)
+            value = read[key] = self.fetch(key)
         return default if value is None else value
 
     def __getitem__(self, key: str) -> bytes:
@@ -120,9 +166,13 @@ class DiskBacked(PartitionState):
     """What makes a PartitionState (or a TimedState, by multiple inheritance) keep its committed state on disk."""
 
     _data: PendingWrites  # type: ignore[assignment]
+    version: int = 1  # a TimedState's own (an App's state_version); a plain state is at version 1
+    migrate: Migrate | None = None
 
     def attach(self, store: DiskStore) -> None:
-        self._data = PendingWrites(store)
+        version = self.version
+        self.versions = None if version == 1 else StoredVersions(store, version, self._serde, self.migrate)
+        self._data = PendingWrites(store, self.versions)
         self.store = store
         self.failed: StoreFull | None = None  # a disk batch that failed: p stops at its next record
         self.position: int | None = None  # the changelog offset the next commit reaches, if the sink told it
@@ -166,10 +216,11 @@ class DiskBacked(PartitionState):
     def _write(self, pending: dict[str, bytes | None]) -> None:
         store = self.store
         count = store.count + self._count_change()
+        batch = pending if self.versions is None else self.versions.stored(pending)
         with store.lock:
-            store.committing = pending
+            store.committing = batch
         try:
-            store.write(pending, count, self.position, self.checkpoint)
+            store.write(batch, count, self.position, self.checkpoint)
         finally:
             with store.lock:
                 store.committing = {}
@@ -229,9 +280,23 @@ class DiskBacked(PartitionState):
         store.write(batch, store.count + change, position, checkpoint)
 
     def encoded_items(self) -> Iterable[tuple[str, bytes]]:
-        """In key order. Nothing held (a snapshot on shutdown, after the last commit): one pass of RocksDB's
-        iterator, not a read per key."""
-        return self._data.items() if self._data.pending else self.store.items()
+        """The entries as the disk keeps them (each tagged with the version that wrote it, as the changelog's): a
+        snapshot's restore migrates them as it does the changelog's. Nothing held (a snapshot on shutdown, after the
+        last commit): one pass of RocksDB's iterator, as it is."""
+        pending = self._data.pending
+        if not pending:
+            return self.store.items()
+        return self._with_pending(pending if self.versions is None else self.versions.stored(pending))
+
+    def _with_pending(self, stored: Mapping[str, bytes | None]) -> Iterator[tuple[str, bytes]]:
+        store = self.store
+        for key, value in store.items():
+            now = stored.get(key, value)
+            if now is not None:
+                yield key, now
+        for key, new in stored.items():
+            if new is not None and store.get(key) is None:
+                yield key, new
 
     def clear_all(self) -> None:
         """A restore starts over from nothing."""
@@ -239,13 +304,13 @@ class DiskBacked(PartitionState):
         self._data.reset()
 
     # -- interactive queries: another thread, the committed state only -------------------------------------------
+    # Both read what the disk keeps (RocksDB, the batch being written) and give it at the current version.
     def committed_get(self, key: str) -> bytes | None:
         store = self.store
         with store.lock:
             committing = store.committing
-        if key in committing:
-            return committing[key]
-        return store.get(key)
+        value = committing[key] if key in committing else store.get(key)
+        return value if value is None or self.versions is None else self.versions.current(key, value)
 
     def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
         store = self.store
@@ -255,7 +320,9 @@ class DiskBacked(PartitionState):
         for key, value in committing.items():
             if key.startswith(prefix):
                 found[key] = value  # type: ignore[assignment]
-        return sorted((k, v) for k, v in found.items() if v is not None)[:limit]
+        entries = sorted((k, v) for k, v in found.items() if v is not None)[:limit]
+        versions = self.versions
+        return entries if versions is None else [(k, versions.current(k, v)) for k, v in entries]
 
 
 class DiskPartitionState(DiskBacked):

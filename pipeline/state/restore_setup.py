@@ -6,6 +6,7 @@ ask_bounds     the changelog's low and high watermarks and the snapshot topic's 
                REQUEST_TIMEOUT_MS per ask when the leader of p's changelog had gone, and every partition with it.
 warm_metadata  the restore consumer's metadata of its topics, on a thread of its own
 StandbyCopy    what a promotion starts from instead of the snapshot (pipeline/state/standby.py)
+AtStateVersion a copy's committed reads at the App's state version (interactive queries, ?allow_standby=1)
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from pipeline.app import App
 from pipeline.kafka.offsets import OffsetRequest, PendingOffsets, ask_offsets, relearn_leaders
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint
 from pipeline.state.disk_store import DiskBacked
 from pipeline.state.snapshot_finder import snapshot_bounds_request
 from pipeline.state.snapshot_format import Manifest
+from pipeline.state.timed import RESERVED
+from pipeline.state.versions import current_value
 
 log = logging.getLogger(__name__)
 METADATA_WARM_UP_S = 5.0  # the longest a restore consumer's metadata warm-up keeps its thread (and the close) waiting
@@ -51,6 +55,30 @@ class StandbyCopy:
             self.state.load(changes)
         self.position = position
         self.last_checkpoint = checkpoint or self.last_checkpoint
+
+
+class AtStateVersion:
+    """A standby copy's committed reads at the App's state version (above 1): a copy holds the changelog's values as
+    they are, each tagged with the version that wrote it (pipeline/state/versions.py), where an owner's state (and a
+    disk store's committed reads) give the current version's bytes; older values are migrated as a restore would."""
+
+    def __init__(self, state: PartitionState, app: App) -> None:
+        self.state, self._app = state, app
+
+    def _current(self, key: str, value: bytes) -> bytes:
+        app = self._app
+        return (
+            value
+            if key.startswith(RESERVED)
+            else current_value(value, app.state_version, app.state_serde, app.migrate, key)
+        )
+
+    def committed_get(self, key: str) -> bytes | None:
+        value = self.state.committed_get(key)
+        return None if value is None else self._current(key, value)
+
+    def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
+        return [(key, self._current(key, value)) for key, value in self.state.committed_range(prefix, limit)]
 
 
 def ask_bounds(

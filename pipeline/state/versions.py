@@ -15,6 +15,9 @@ when older values are migrated. So reading and writing the state costs nothing m
 written back until the key is written again: every restore migrates them again, the same way.
 
 State newer than the code (a rollback after a newer version ran) refuses to start: StateVersionError.
+
+The disk store (STATE_STORE=disk, pipeline/state/disk_store.py) keeps values as the changelog does, tagged, and
+migrates on every read from the disk instead of at the restore: a restart on the same disk never rewrites every key.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.app import App, Output, Record, State
+from pipeline.app import App, CodeError, Output, Record, State
 from pipeline.state.versions import StateVersionError
 from pipeline.testing.driver import AppDriver, PartitionStopped
 
@@ -60,9 +60,19 @@ def test_a_good_app_with_every_function_is_accepted() -> None:
     )
 
 
-def test_a_migrate_that_returns_none_is_refused_with_a_clear_error() -> None:
+@pytest.mark.usefixtures("state_store")  # on both stores (tests/unit/conftest.py)
+def test_a_migrate_that_returns_none_is_refused_with_a_clear_error(state_store: str) -> None:
     driver = AppDriver(App("v", "in", "out", process))
     driver.send("a", {"n": 1})
     with pytest.raises(PartitionStopped, match=r"migrate\(1, value of state key 'a'\) returned None") as stopped:
         driver.deploy(App("v", "in", "out", process, state_version=2, migrate=lambda version, value: None))
-    assert isinstance(stopped.value.__cause__, StateVersionError)
+        # On disk the restore migrates nothing (a restart never rewrites every key): the first read of 'a' does, and
+        # its failure stops p there, as a mistake in the code (CodeError), never a dead letter.
+        driver.send("a", {"n": 2})
+    cause = stopped.value.__cause__
+    if state_store == "disk":  # CodeStop <- CodeError("migrate") <- the StateVersionError
+        assert cause is not None and isinstance(cause.__cause__, CodeError), cause
+        assert cause.__cause__.function == "migrate"
+        cause = cause.__cause__.__cause__
+    assert isinstance(cause, StateVersionError)
+    assert not driver.dead_letters

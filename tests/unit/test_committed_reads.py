@@ -451,6 +451,30 @@ def test_a_standby_waits_for_min_offset_as_an_owner_does() -> None:
     assert (status, body["offset"], body["behind"]) == (200, 2, 1)
 
 
+@pytest.mark.usefixtures("state_store")  # a copy in memory and on disk (tests/unit/conftest.py)
+def test_a_standby_copy_of_a_newer_state_version_answers_at_that_version() -> None:
+    """A copy holds the changelog's values as they are (tagged with the version that wrote them, older ones not
+    migrated): a query reads them at the App's version, as the owner's state gives them."""
+    from tests.snapshots.versioned_app import v2
+    from tests.unit.conftest import make_state
+
+    app = v2.with_topics("in", "out")
+    state = make_state(app.state_serde)
+    state.load({"acct-1": b'\xffv2:{"count":2,"sum":9}', "acct-2": b"[1,7]", "__eos.state_version": b"2"})
+    s = Settings.load(env={}, metrics_port=1, query_enabled=True, query_partitioner="crc32")
+    copies = {p: StandbyCopy(p, state, 7, None, Checkpoint("in", p, 1)) for p in (0, 1)}
+    queries = Queries(
+        app, s, {}, lambda: 2, lambda p: "owner:1", address="me:1", standbys=StandbyReads(copies, lambda p: 3, "in")
+    )
+    status, body = answer(queries, "/state/acct-1?allow_standby=1&partition=0")
+    assert (status, body["value"]) == (200, {"count": 2, "sum": 9})
+    status, body = answer(queries, "/state?prefix=acct-&partition=0&allow_standby=1")
+    assert (status, body["entries"]) == (
+        200,
+        [{"key": "acct-1", "value": {"count": 2, "sum": 9}}, {"key": "acct-2", "value": {"count": 1, "sum": 7}}],
+    )
+
+
 def test_the_directory_carries_the_owners_committed_offsets() -> None:
     peers = Peers("me", bound_s=1.0)
     peers.heard(Beat("a", "m-a", query_address="a:1", partitions=(0, 1), offsets=(12, -1)), now=10.0)

@@ -166,3 +166,21 @@ def test_the_store_metrics_follow_its_writes(tmp_path: Path) -> None:
     assert (registry.get_sample_value("pipeline_state_disk_bytes", {"partition": "2"}) or 0) > 0
     assert (registry.get_sample_value("pipeline_state_disk_free_bytes") or 0) > 0
     stores.close()
+
+
+def test_the_stores_on_the_disk_are_opened_ahead_at_start_up_and_closed_with_the_rest(tmp_path: Path) -> None:
+    settings = Settings(state_store="disk", state_dir=str(tmp_path), state_block_cache_mb=8)
+    stores = LocalStores(settings, "app")
+    for p in (0, 1):
+        state, _ = stores.base(p, JSON)
+        committed(state, {f"k{p}": p}, position=5)
+    stores.close()
+    again = LocalStores(settings, "app")  # a restart: both opened on threads of their own, before any assignment
+    ahead = dict(again._opening)
+    assert sorted(ahead) == [0, 1]
+    assert again.store(1) is ahead[1].result() and again.store(1).count == 1
+    again.close()  # p0, opened ahead and never asked for, closed too: RocksDB's lock on it released
+    third = LocalStores(settings, "app")
+    state, copy = third.base(0, JSON)
+    assert copy is not None and on_disk(state.store) == {"k0": 0}  # opened, not wiped as a store it cannot open
+    third.close()

@@ -155,6 +155,7 @@ def test_windows_with_two_inputs_close_by_the_merged_stream_time_and_survive_cra
     assert verdict.ok, verdict.summary()
 
 
+@pytest.mark.usefixtures("state_store")  # on both stores (tests/unit/conftest.py)
 def test_a_new_state_version_migrates_with_several_inputs_and_keeps_the_timers() -> None:
     d = AppDriver(TWO)
     d.send("k", {"id": 1, "at": 500}, topic=A, timestamp_ms=1)

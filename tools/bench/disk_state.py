@@ -6,7 +6,9 @@ throughput  running_totals on the real broker, --keys distinct accounts, each wr
 rss         --keys keys of running_totals' shape loaded into one partition's disk store (a restore's path, in
             batches), then 200 000 transactions of 5 random updates each through the commit path; RSS after
             each phase and the store's size on disk. Memory bounded by STATE_BLOCK_CACHE_MB and
-            STATE_WRITE_BUFFER_MB whatever the number of keys
+            STATE_WRITE_BUFFER_MB whatever the number of keys. --state-version 2: the state of an App at state
+            version 2 whose loaded keys are version 1's (each read of one migrates it, an identity migrate: the
+            cost of migrating on read, not of the App's own migrate)
 restart     running_totals on the broker with the disk store until --keys accounts are in it, SIGKILL, 1 000 more
             records, the same command on the same STATE_DIR: seconds from the process's start to its partitions
             restored and to the new records processed (with the memory store for comparison)
@@ -39,7 +41,8 @@ from pathlib import Path
 
 from pipeline.examples.running_totals import app as totals
 from pipeline.serde import JSON
-from pipeline.state.disk_store import DiskPartitionState, DiskStore, StoreMemory
+from pipeline.state import PartitionState
+from pipeline.state.disk_store import DiskPartitionState, DiskStore, DiskTimedState, StoreMemory
 from pipeline.testing import inputs
 from pipeline.testing.harness import wait_caught_up
 
@@ -71,11 +74,20 @@ def fresh_topics(bootstrap: str) -> tuple[object, str]:
 
 
 # -- rss -------------------------------------------------------------------------------------------------------------
-def rss(keys: int, updates: int, block_cache_mb: int, write_buffer_mb: int) -> dict[str, float]:
+def disk_state(store: DiskStore, state_version: int) -> PartitionState:
+    """The disk state of an App at `state_version` (above 1: an identity migrate)."""
+    if state_version == 1:
+        return DiskPartitionState(store, JSON)
+    state = DiskTimedState(JSON, version=state_version, migrate=lambda version, value: value)
+    state.attach(store)
+    return state
+
+
+def rss(keys: int, updates: int, block_cache_mb: int, write_buffer_mb: int, state_version: int = 1) -> dict[str, float]:
     path = Path(tempfile.mkdtemp(prefix="disk-bench-", dir=os.environ.get("BENCH_DIR")))
-    report = {"keys": keys, "rss_start_mb": rss_mb()}
+    report = {"keys": keys, "state_version": state_version, "rss_start_mb": rss_mb()}
     store = DiskStore(path / "p0", StoreMemory(block_cache_mb, write_buffer_mb))
-    state = DiskPartitionState(store, JSON)
+    state = disk_state(store, state_version)
     started, cpu = time.monotonic(), time.process_time()
     batch: dict[str, bytes | None] = {}
     for i in range(keys):
@@ -213,11 +225,12 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=100_000)
     parser.add_argument("--block-cache-mb", type=int, default=64)
     parser.add_argument("--write-buffer-mb", type=int, default=32)
+    parser.add_argument("--state-version", type=int, default=1, help="rss: the App's state version")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.what == "rss":
-        print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb)))
+        print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb, args.state_version)))
         return
     if args.one:
         measure = supervised if args.what == "supervised" else restart

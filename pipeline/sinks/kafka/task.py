@@ -147,7 +147,8 @@ class KafkaTask(Task):
     def restored(self, state: PartitionState, snapshot_base: Manifest | None = None, end: int | None = None) -> None:
         """p's state is complete (docs/guarantees.md: complete-restore): `snapshot_base` is the full snapshot it
         started from (None: the whole changelog), `end` the changelog offset it covers up to. Timers are queued and
-        older state versions migrated here; state of a newer version refuses (StateVersionError)."""
+        older state versions migrated here (on disk: as they are read); state of a newer version refuses
+        (StateVersionError)."""
         state = ready_state(self.app, state, f"p{self.partition}", self.ctx.wall_clock)
         state.tables = self.table_views()
         super().restored(state)
