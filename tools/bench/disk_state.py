@@ -18,6 +18,7 @@ supervised  the same under `pipeline run --workers 2`: one worker SIGKILLed, 1 0
 python -m tools.bench.disk_state throughput --keys 1000000
 python -m tools.bench.disk_state rss --keys 10000000
 python -m tools.bench.disk_state restart --keys 1000000
+python -m tools.bench.disk_state restart --keys 10000000 --stores disk --restarts 5
 python -m tools.bench.disk_state supervised --keys 10000000 --stores disk
 """
 
@@ -31,6 +32,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pipeline.examples.running_totals import app as totals
 from pipeline.serde import JSON
@@ -134,38 +137,52 @@ def filled_service(bootstrap: str, store: str, keys: int) -> tuple[object, str, 
     return app, app_id, state_dir, env
 
 
-def restart(bootstrap: str, store: str, keys: int) -> dict[str, float]:
+def restart(bootstrap: str, store: str, keys: int, restarts: int = 1) -> dict[str, Any]:
+    """The first run fills the store; then `restarts` times: SIGKILL, 1 000 more records, the same command again.
+    Each restart's seconds, and their medians."""
     app, app_id, state_dir, env = filled_service(bootstrap, store, keys)
     env["PIPELINE_GROUP_INSTANCE_ID"] = "bench-0"  # static: the restarted process takes its partitions back at once
     command = [sys.executable, "-m", "pipeline", "run", "pipeline.examples.running_totals:app"]
     log_path = Path(state_dir) / "first.log"
     first_started = time.time()
     with open(log_path, "wb") as log:
-        first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        running = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 1800)  # type: ignore[attr-defined]
     first_text = log_path.read_text()
     first_restored = max(_log_time(line) for line in first_text.splitlines() if " restored: " in line)
     processing_s = time.time() - first_restored  # from its partitions ready to every record committed
-    first_cpu = _cpu_seconds(first.pid)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    inputs.produce(bootstrap, app.input_topic, accounts(1_000, keys), partitions=PARTITIONS)  # type: ignore[attr-defined]
-    log_path = Path(state_dir) / "second.log"
+    result: dict[str, Any] = {
+        "first_run_records_per_s": keys / processing_s,
+        "first_run_cpu_s": _cpu_seconds(running.pid),
+        "first_run_wall_s": time.time() - first_started,
+    }
+    runs = []
+    for i in range(restarts):
+        running.send_signal(signal.SIGKILL)
+        running.wait()
+        more = accounts(1_000, keys + 1_000 * i)
+        inputs.produce(bootstrap, app.input_topic, more, partitions=PARTITIONS)  # type: ignore[attr-defined]
+        running, run = _restarted(bootstrap, app, app_id, command, env, Path(state_dir) / f"restart-{i}.log")
+        runs.append(run)
+    running.send_signal(signal.SIGTERM)
+    running.wait(60)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    medians = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    return {**result, **medians, "restarts": runs}
+
+
+def _restarted(
+    bootstrap: str, app: Any, app_id: str, command: list[str], env: dict[str, str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], dict[str, float]]:
     started = time.time()
     with open(log_path, "wb") as log:
-        second = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 600)  # type: ignore[attr-defined]
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    assert not wait_caught_up(bootstrap, app_id, app.input_topic, PARTITIONS, 600)
     caught_up = time.time() - started
     text = log_path.read_text()
-    second.send_signal(signal.SIGTERM)
-    second.wait(60)
     restored = [_log_time(line) for line in text.splitlines() if " restored: " in line]
     assigned = [_log_time(line) for line in text.splitlines() if " assigned [" in line]
-    shutil.rmtree(state_dir, ignore_errors=True)
-    return {
-        "first_run_records_per_s": keys / processing_s,
-        "first_run_cpu_s": first_cpu,
-        "first_run_wall_s": time.time() - first_started,
+    return process, {
         "start_to_assigned_s": min(assigned) - started,
         "start_to_restored_s": max(restored) - started,
         "assigned_to_restored_s": max(restored) - min(assigned),
@@ -226,6 +243,7 @@ def main() -> None:
     parser.add_argument("--block-cache-mb", type=int, default=64)
     parser.add_argument("--write-buffer-mb", type=int, default=32)
     parser.add_argument("--state-version", type=int, default=1, help="rss: the App's state version")
+    parser.add_argument("--restarts", type=int, default=1, help="restart: SIGKILLs and restarts after one fill")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -233,8 +251,11 @@ def main() -> None:
         print(json.dumps(rss(args.keys, args.updates, args.block_cache_mb, args.write_buffer_mb, args.state_version)))
         return
     if args.one:
-        measure = supervised if args.what == "supervised" else restart
-        print(json.dumps({"store": args.one, **measure(args.bootstrap_servers, args.one, args.keys)}))
+        if args.what == "supervised":
+            result = supervised(args.bootstrap_servers, args.one, args.keys)
+        else:
+            result = restart(args.bootstrap_servers, args.one, args.keys, args.restarts)
+        print(json.dumps({"store": args.one, **result}))
         return
     for store in args.stores.split(","):
         subprocess.run([sys.executable, "-m", "tools.bench.disk_state", *sys.argv[1:], "--one", store], check=True)
