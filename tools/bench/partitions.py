@@ -52,6 +52,7 @@ log = logging.getLogger("tools.bench.partitions")
 
 PRODUCERS = (PER_PARTITION, PER_PROCESS)
 SAMPLE_S = 0.1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/PID/stat counts CPU time in these
 DEFAULT_RECORDS = 1_500_000  # about 14 s at 3 partitions (~105k rec/s on 2 shared cores)
 VALUE_SIZE = 100
 
@@ -64,6 +65,16 @@ class Sample:
     hwm_mb: float = 0.0  # VmHWM: the peak resident set
     rss_window_mb: float = 0.0  # median VmRSS between the first and the last committed progress
     timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (monotonic, threads, VmRSS MB)
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, the process's user + system CPU s)
+    cpu_us_per_record: float = 0.0  # over the measured window: its CPU / the records committed in it
+
+    def cpu_rate_between(self, start: float, end: float) -> float:
+        """CPU seconds per second of the window's samples (the first at or after start, the last at or before
+        end)."""
+        window = [(t, cpu) for t, cpu in self.cpu if start <= t <= end]
+        if len(window) < 2 or window[-1][0] <= window[0][0]:
+            return 0.0
+        return (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
 
     def rss_between(self, start: float, end: float) -> float:
         window = [rss for t, _, rss in self.timeline if start <= t <= end]
@@ -94,6 +105,7 @@ class ProcWatcher:
     def __init__(self, pid: int) -> None:
         self.sample = Sample()
         self._path = Path(f"/proc/{pid}/status")
+        self._stat = Path(f"/proc/{pid}/stat")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"proc-{pid}", daemon=True)
         self._thread.start()
@@ -112,6 +124,11 @@ class ProcWatcher:
         s.peak_threads = max(s.peak_threads, threads)
         s.hwm_mb = max(s.hwm_mb, int(fields["VmHWM"].split()[0]) / 1024)
         s.timeline.append((time.monotonic(), threads, int(fields["VmRSS"].split()[0]) / 1024))
+        try:  # utime and stime: the 14th and 15th fields, after the command's parenthesised name
+            ticks = self._stat.read_text().rpartition(")")[2].split()[11:13]
+        except OSError:
+            return
+        s.cpu.append((time.monotonic(), sum(int(t) for t in ticks) / CLOCK_TICKS))
 
     def stop(self) -> Sample:
         self._stop.set()
@@ -194,7 +211,10 @@ class Bench:
             result.rate, result.seconds, result.error = measured.rate, measured.seconds, measured.error
             result.startup_s = (progress.first_seen or started) - started
             watcher.read()
-            watcher.sample.rss_window_mb = watcher.sample.rss_between(progress.first_seen or started, time.monotonic())
+            window = (progress.first_seen or started, time.monotonic())
+            watcher.sample.rss_window_mb = watcher.sample.rss_between(*window)
+            if result.rate:  # CPU s per s / records per s
+                watcher.sample.cpu_us_per_record = watcher.sample.cpu_rate_between(*window) / result.rate * 1e6
         except throughput.BenchError as e:
             result.error = str(e)
         finally:
@@ -232,6 +252,7 @@ def median_rate(results: Sequence[RunResult]) -> float | None:
 def row(r: RunResult) -> str:
     return (
         f"| {r.partitions} | {r.producers} | {throughput._rate(r.rate)} | {r.seconds:.1f} | {r.startup_s:.1f} "
+        f"| {r.proc.cpu_us_per_record:.2f} "
         f"| {r.proc.peak_threads} | {r.proc.hwm_mb:.0f} | {r.proc.rss_window_mb:.0f} | {len(r.warnings)} "
         f"| {r.load[0]:.1f} / {r.load[1]:.1f} |" + (f" {r.error.splitlines()[0]}" if r.error else "")
     )
@@ -246,18 +267,21 @@ def summary(results: Sequence[RunResult], partitions: Sequence[int], producers: 
     base = partitions[0]
     lines = [
         f"| partitions | producers | rec/s (median) | x {base} partitions | per_process / per_partition "
-        f"| peak threads | peak RSS MB (VmHWM) | peak RSS x {base} partitions | steady RSS MB "
-        f"| start-up s | every run rec/s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| CPU us per record | CPU x {base} partitions | peak threads | peak RSS MB (VmHWM) "
+        f"| peak RSS x {base} partitions | steady RSS MB | start-up s | every run rec/s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for (n, p), runs in cells.items():
         rate, base_rate = median_rate(runs), median_rate(cells[(base, p)])
         other = median_rate(cells.get((n, PER_PARTITION), []))
         hwm = _median([r.proc.hwm_mb for r in runs if r.rate])
         base_hwm = _median([r.proc.hwm_mb for r in cells[(base, p)] if r.rate])
+        cpu = _median([r.proc.cpu_us_per_record for r in runs if r.rate])
+        base_cpu = _median([r.proc.cpu_us_per_record for r in cells[(base, p)] if r.rate])
         lines.append(
             f"| {n} | {p} | {_fmt(rate)} | {_fmt(rate / base_rate if rate and base_rate else None, '.2f')} "
             f"| {_fmt(rate / other if p == PER_PROCESS and rate and other else None, '.2f')} "
+            f"| {_fmt(cpu, '.2f')} | {_fmt(cpu / base_cpu if cpu and base_cpu else None, '.2f')} "
             f"| {_fmt(_median([r.proc.peak_threads for r in runs if r.rate]))} | {_fmt(hwm)} "
             f"| {_fmt(hwm / base_hwm if hwm and base_hwm else None, '.2f')} "
             f"| {_fmt(_median([r.proc.rss_window_mb for r in runs if r.rate]))} "
@@ -269,8 +293,8 @@ def summary(results: Sequence[RunResult], partitions: Sequence[int], producers: 
 
 def report(results: Sequence[RunResult], partitions: Sequence[int], producers: Sequence[str]) -> str:
     header = (
-        "| partitions | producers | rec/s | measured s | start-up s | peak threads | peak RSS MB | steady RSS MB "
-        "| warning lines | load avg start / end |"
+        "| partitions | producers | rec/s | measured s | start-up s | CPU us per record | peak threads | peak RSS MB "
+        "| steady RSS MB | warning lines | load avg start / end |"
     )
     lines = [
         *summary(results, partitions, producers),
@@ -278,7 +302,7 @@ def report(results: Sequence[RunResult], partitions: Sequence[int], producers: S
         "Every run, in order:",
         "",
         header,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(row(r) for r in results),
     ]
     warned = [r for r in results if r.warnings]
