@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -85,7 +86,14 @@ def test_apply_grants_exactly_the_definition(kafka_secure, tmp_path: Path) -> No
         assert result.returncode == 0, result.stderr
         assert result.stdout.count("granted ") == sum(len(v) for v in expected.values())
         assert "granted WRITE on transactional_id '" + app_id + ".' (prefixed) to User:pipeline" in result.stdout
-        assert {p: granted_to(admin, p, app_id) for p in expected} == expected
+        # The broker's authorizer takes the controller's new ACLs a moment after CreateAcls answered (KRaft): a
+        # describe at once found none in a run.
+        deadline = time.monotonic() + 10
+        while (granted := {p: granted_to(admin, p, app_id) for p in expected}) != expected:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert granted == expected
     finally:
         for principal, acls in ((PIPELINE, pipeline_acls(names)), (COMPACTION, compaction_acls(names))):
             for future in admin.delete_acls(binding_filters(principal, acls)).values():
