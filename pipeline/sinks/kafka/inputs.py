@@ -204,7 +204,7 @@ class MultiInputTask(WaitsFromRunning, KafkaTask):
             processed += 1
         if processed:
             self.note_batch(merged, merged[processed - 1], processed, produced)
-        self.txn.poll()
+        # The delivery reports: served once per poll by the runner (KafkaRunner._dispatch), as KafkaTask's are.
 
     def _put_back(self, records: list[Consumed]) -> None:
         """Records taken from their queues but not processed go back to the front of them, in order."""
