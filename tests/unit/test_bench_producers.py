@@ -35,16 +35,17 @@ def test_the_watcher_reads_threads_and_rss_of_a_process() -> None:
 
 
 def test_ratios_are_against_the_first_partition_count_and_per_partition(tmp_path: Path) -> None:
-    def run(n: int, producers: str, rate: float, hwm: float) -> partitions.RunResult:
-        return partitions.RunResult(n, producers, rate, proc=partitions.Sample(peak_threads=n, hwm_mb=hwm))
+    def run(n: int, producers: str, rate: float, hwm: float, cpu: float) -> partitions.RunResult:
+        sample = partitions.Sample(peak_threads=n, hwm_mb=hwm, cpu_us_per_record=cpu)
+        return partitions.RunResult(n, producers, rate, proc=sample)
 
     results = [
-        run(3, PER_PARTITION, 100.0, 100.0),
-        run(3, PER_PROCESS, 100.0, 100.0),
-        run(384, PER_PARTITION, 50.0, 600.0),
-        run(384, PER_PROCESS, 90.0, 150.0),
+        run(3, PER_PARTITION, 100.0, 100.0, 8.0),
+        run(3, PER_PROCESS, 100.0, 100.0, 10.0),
+        run(384, PER_PARTITION, 50.0, 600.0, 20.0),
+        run(384, PER_PROCESS, 90.0, 150.0, 12.0),
     ]
     rows = partitions.summary(results, [3, 384], [PER_PARTITION, PER_PROCESS])
     per_process_384 = next(r for r in rows if r.startswith("| 384 | per_process"))
     cells = [c.strip() for c in per_process_384.split("|")[1:-1]]
-    assert cells[2:8] == ["90", "0.90", "1.80", "384", "150", "1.50"]
+    assert cells[2:10] == ["90", "0.90", "1.80", "12.00", "1.20", "384", "150", "1.50"]
