@@ -4,7 +4,7 @@
 #
 #   deploy/image/engine.sh setup    installs podman runc mmdebstrap uidmap slirp4netns when missing (root), and writes
 #                                   containers.conf + storage.conf when none exist (/etc/containers as root,
-#                                   ~/.config/containers otherwise)
+#                                   ~/.config/containers otherwise): storage on overlay where it mounts, else vfs
 #   deploy/image/engine.sh check [IMAGE]
 #                                   exit 0 when podman can run a container of IMAGE (default: the base image);
 #                                   otherwise exit 1 with the reason on stderr (the image tests skip with it)
@@ -56,21 +56,63 @@ events_logger = "file"
 EOF
 }
 
-# vfs: plain copies, works on any file system and inside other containers (overlay needs kernel support that
-# nested or sandboxed machines may not give). Costs time and disk: each build step and each container copies the
-# whole file system. EOS_PODMAN_STORAGE_DRIVER=overlay where overlay mounts work (several times faster).
+# The storage driver: overlay where this machine can mount one (root only: a rootless overlay needs kernel support
+# that nested or sandboxed machines may not give), vfs otherwise; EOS_PODMAN_STORAGE_DRIVER chooses one instead.
+# vfs works on any file system but copies the whole file system for every build step and every container: measured
+# here, `podman run` of the 300 MB service image took 11-15 s with vfs against 0.2-0.3 s with overlay, and CI's image
+# tests (~8 container starts, two image builds) spent most of their 38 minutes copying.
+# overlay gets a graph root of its own: podman refuses to open a store that another driver initialised.
+VFS_GRAPHROOT=/var/lib/containers/storage
+OVERLAY_GRAPHROOT=/var/lib/containers/storage-overlay
+OURS="# Written by deploy/image/engine.sh (eos-pipeline); delete it to get podman's defaults back."
+
+overlay_mounts() {
+  ((EUID == 0)) || return 1
+  local dir status=1
+  mkdir -p "$(dirname "$OVERLAY_GRAPHROOT")"
+  dir=$(mktemp -d "$(dirname "$OVERLAY_GRAPHROOT")/.overlay-probe.XXXXXX")  # the file system the store will use
+  mkdir "$dir/lower" "$dir/upper" "$dir/work" "$dir/merged"
+  if mount -t overlay overlay -o "lowerdir=$dir/lower,upperdir=$dir/upper,workdir=$dir/work" "$dir/merged" \
+    2>/dev/null; then
+    umount "$dir/merged" && status=0
+  fi
+  rm -rf "$dir"
+  return $status
+}
+
+storage_driver() {
+  if [[ -n "${EOS_PODMAN_STORAGE_DRIVER:-}" ]]; then
+    echo "$EOS_PODMAN_STORAGE_DRIVER"
+  elif overlay_mounts; then
+    echo overlay
+  else
+    echo vfs
+  fi
+}
+
+# A storage.conf of ours that chose vfs (every one before overlay was probed) moves on to overlay once this machine
+# mounts one; the vfs store stays where it was (delete $VFS_GRAPHROOT to get its disk space back). Anybody else's
+# storage.conf is left alone.
 write_storage_conf() {
-  local file="$CONFIG_DIR/storage.conf" driver="${EOS_PODMAN_STORAGE_DRIVER:-vfs}"
-  [[ -e "$file" ]] && return 0
+  local file="$CONFIG_DIR/storage.conf" driver graphroot=$VFS_GRAPHROOT runroot=/run/containers/storage
+  driver=$(storage_driver)
+  if [[ "$driver" == overlay ]]; then
+    graphroot=$OVERLAY_GRAPHROOT runroot=/run/containers/storage-overlay
+  fi
+  if [[ -e "$file" ]]; then
+    head -1 "$file" | grep -qxF "$OURS" && grep -qx 'driver = "vfs"' "$file" && [[ "$driver" == overlay ]] \
+      || return 0
+    info "overlay mounts work here: $file moves from vfs to overlay (the vfs store stays in $VFS_GRAPHROOT)"
+  fi
   mkdir -p "$CONFIG_DIR"
   info "writing $file (driver $driver)"
   {
-    echo "# Written by deploy/image/engine.sh (eos-pipeline); delete it to get podman's defaults back."
+    echo "$OURS"
     echo "[storage]"
     echo "driver = \"$driver\""
     if ((EUID == 0)); then
-      echo 'runroot = "/run/containers/storage"'
-      echo 'graphroot = "/var/lib/containers/storage"'
+      echo "runroot = \"$runroot\""
+      echo "graphroot = \"$graphroot\""
     fi
   } >"$file"
 }
