@@ -1,27 +1,25 @@
 #!/usr/bin/env bash
-# `make test` after lint: the whole suite in four lanes that start together and share the one local broker and
-# registry (each test has topics and a group of its own). Side by side rather than one after the other: most of a
-# fault test is waiting (paced input, session time-outs) and the image tests are mostly podman unpacking, and CI must
-# stay under 40 minutes on 2 cores. Three lanes, measured in one run, took 31, 28 and 41 minutes (the third was the
-# faults, then the images; lane 1 then held tests/integration, ~8 of its 31 minutes): hence four.
-#   lane 1, the main run (arguments go to it): everything the other lanes don't run. It keeps every test that kills
-#           a shared server: the 3-node cluster's tests (they kill and restart nodes) and tests/postgres (one kills
-#           PostgreSQL) run in this lane only, beside the other users of PostgreSQL (tests/unit, infra, security).
+# `make test` after lint: the whole suite in four lanes that start together and share the one local broker, registry
+# and PostgreSQL (each test has topics, a group and a schema of its own). Side by side rather than one after the
+# other: most of a fault test is waiting (paced input, session time-outs), and CI must stay under 40 minutes on 2
+# cores.
+#   lane 1, the main run (arguments go to it): everything the other lanes don't run, tests/unit, infra, security and
+#           postgres among them.
 #   lane 2: tests/faults in the default PRODUCERS mode, the process faults again under GROUP_PROTOCOL=consumer
 #           (KIP-848), then tests/snapshots (Spark).
 #   lane 3: tests/faults in the other PRODUCERS mode but `pipeline chaos`'s test (3-4 minutes: the command's
 #           verdicts do not depend on the mode, and every fault it injects runs in this mode in test_process_faults),
-#           then tests/integration (none of which kills a shared server), the Airflow DAG's run, and the process
-#           faults that kill, pause and stop instances again with STATE_STORE=disk (the rest of the disk store's
-#           faults choose their store themselves and run in lanes 2 and 3; the whole fault suite on disk is in
-#           BENCHMARKS.md's disk section, too long to repeat here).
-#   lane 4: the container-image tests (image builds, `make demo` on a fresh machine: 24 minutes in that run, 35 in
-#           CI's run of 2026-11-27 at 21:24, the longest lane: hence the disk faults moved on to lane 3, which
-#           ended first, after 29 minutes).
-# Measured in one run from a clean clone (2026-11-27, with the disk fault tests): lane 1 ~37 minutes (with the
-# Airflow DAG's run), lane 2 33, lane 3 30, lane 4 32: the Airflow run moved on to lane 3, which also leaves out
-# the chaos command's second mode.
-# Lanes 2 and 3 leave out the cluster's fault tests (lane 1 runs them, in both modes: the tests take both in turn).
+#           then tests/integration, the Airflow DAG's run, and the process faults that kill, pause and stop instances
+#           again with STATE_STORE=disk (the rest of the disk store's faults choose their store themselves; the whole
+#           fault suite on disk is in BENCHMARKS.md's disk section, too long to repeat here).
+#   lane 4: the container-image tests (image builds, `make demo` on a fresh machine), then every test of the 3-node
+#           cluster (marked `cluster`: they kill and restart its nodes, so they all run in this one lane, in both
+#           PRODUCERS modes: the tests take both in turn).
+# The servers the lanes share: a test that kills one holds it alone (PostgreSQL: tests/plugins/postgres.py's lock);
+# the broker and the registry are killed by none.
+# Measured: with podman's vfs storage the image tests took 32-38 minutes, the longest lane (CI's run of 2026-11-28
+# at 00:02: lanes of 35, 32, 32 and 38 minutes); on overlay they take 8 minutes alone from a cold store, and the
+# cluster's tests (~10 minutes) moved over to lane 4 from lane 1.
 # Their logs: .test-lane-2.log, .test-lane-3.log and .test-lane-4.log; each lane ends with its 15 slowest tests and
 # its time. Exit status: non-zero if any lane failed.
 set -uo pipefail
@@ -39,9 +37,15 @@ started_registry=0
 if [[ -z "${SCHEMA_REGISTRY_URL:-}" ]] && [[ "$(deploy/local/registry.sh status)" == stopped ]]; then
     deploy/local/registry.sh start && started_registry=1
 fi
+# And for PostgreSQL: a lane that started it would stop it at its end, under the other lanes' tests.
+started_postgres=0
+if [[ -z "${POSTGRES_DSN:-}" ]] && ! deploy/local/postgres.sh status | grep -q running; then
+    deploy/local/postgres.sh start >/dev/null && started_postgres=1
+fi
 stop_servers() {
     if [[ $started_broker == 1 && "${KEEP_KAFKA:-}" != 1 ]]; then deploy/local/kafka.sh stop >/dev/null; fi
     if [[ $started_registry == 1 && "${KEEP_REGISTRY:-}" != 1 ]]; then deploy/local/registry.sh stop 2>/dev/null; fi
+    if [[ $started_postgres == 1 && "${KEEP_POSTGRES:-}" != 1 ]]; then deploy/local/postgres.sh stop >/dev/null; fi
 }
 trap stop_servers EXIT
 
@@ -76,6 +80,7 @@ lane_3() {
 lane_4() {
     local failed=0
     "${PYTEST[@]}" -q "${LANE_4_ONLY[@]}" --basetemp="$(mktemp -d)" || failed=1
+    "${PYTEST[@]}" -q -m cluster tests "${LANE_4_ONLY[@]/#/--ignore=}" --basetemp="$(mktemp -d)" || failed=1
     echo "lane 4 ended after $(elapsed)"
     return $failed
 }
@@ -86,7 +91,7 @@ lane_3_pid=$!
 lane_4 >.test-lane-4.log 2>&1 &
 lane_4_pid=$!
 
-"${PYTEST[@]}" -m "not faults or cluster" "${LANE_2_ONLY[@]/#/--ignore=}" "${LANE_3_ONLY[@]/#/--ignore=}" \
+"${PYTEST[@]}" -m "not faults and not cluster" "${LANE_2_ONLY[@]/#/--ignore=}" "${LANE_3_ONLY[@]/#/--ignore=}" \
     "${LANE_4_ONLY[@]/#/--ignore=}" "$@"
 main_status=$?
 echo "--- lane 1 ended after $(elapsed) ---"
@@ -100,6 +105,6 @@ echo "--- lane 3 (.test-lane-3.log): tests/faults with PRODUCERS=$other_producer
 grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-3.log | tail -20
 wait $lane_4_pid
 lane_4_status=$?
-echo "--- lane 4 (.test-lane-4.log): ${LANE_4_ONLY[*]} ---"
+echo "--- lane 4 (.test-lane-4.log): ${LANE_4_ONLY[*]}, the 3-node cluster's tests ---"
 grep -E "passed|failed|error|^FAILED|^ERROR|ended after" .test-lane-4.log | tail -20
 (( main_status == 0 && lane_2_status == 0 && lane_3_status == 0 && lane_4_status == 0 ))

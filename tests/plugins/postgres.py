@@ -3,8 +3,11 @@ project's own local server (deploy/local/postgres.sh). One server per test sessi
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +47,26 @@ def postgres_dsn() -> Iterator[str]:
     yield _postgres_sh("dsn")
     if not was_running and os.environ.get("KEEP_POSTGRES") != "1":
         _postgres_sh("stop")
+
+
+@pytest.fixture(autouse=True)
+def _postgres_shared_or_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """make test runs the suite in lanes side by side (tests/run.sh), and every lane may use the one PostgreSQL
+    server: a test that uses it holds a shared lock on it, one that kills it (`postgres_alone`) the exclusive lock,
+    so the kill never lands in another lane's test. flock: released by the kernel when a killed run's file closes."""
+    if "postgres_dsn" not in request.fixturenames:
+        yield
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    name = f"eos-pipeline-postgres-{hashlib.sha256(dsn.encode()).hexdigest()[:12]}.lock"
+    with open(Path(tempfile.gettempdir()) / name, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if "postgres_alone" in request.fixturenames else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.fixture
+def postgres_alone() -> None:
+    """Asked for by a test that kills or stops the PostgreSQL server: it runs while no other test uses it."""
 
 
 def connect(dsn: str, **kwargs: object) -> psycopg.Connection:

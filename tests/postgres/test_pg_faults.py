@@ -110,7 +110,7 @@ def test_without_the_epoch_check_the_zombie_writes_duplicates(pg_run, postgres_d
     assert duplicated(*attempts[-1][1:]), "\n".join(verdict.summary() for _, _, verdict in attempts)
 
 
-def test_postgres_killed_and_restarted_mid_run(pg_run, postgres_dsn):
+def test_postgres_killed_and_restarted_mid_run(pg_run, postgres_dsn, postgres_alone):
     if postgres_dsn != _postgres_sh("dsn") or "running" not in _postgres_sh("status"):
         pytest.skip("needs the local server of deploy/local/postgres.sh to kill and restart")
     run = pg_run(postgres_retry_backoff_max_ms=1000)
