@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaException
 
 from pipeline.core.lifecycle import Phase
 from pipeline.sinks.kafka.task import KafkaTask
-from pipeline.sinks.kafka.transaction import PartitionDropped, Transaction, TransactionAborted
+from pipeline.sinks.kafka.transaction import PRODUCER_CALL_FAILED, PartitionDropped, Transaction, TransactionAborted
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def close_task(task: KafkaTask, consumer: Consumer, commit: bool) -> None:
             other.rewind()
     # A fenced or fatal producer delivers nothing more. One fenced behind our back (paused) fails the flush: inside a
     # rebalance callback with a SystemError around the KafkaException, which killed a worker in a fault run.
-    with contextlib.suppress(KafkaException, SystemError):
+    with contextlib.suppress(*PRODUCER_CALL_FAILED):
         if not txn.broken:
             txn.producer.flush(txn.timeout_s)
     task.close()

@@ -7,11 +7,9 @@ import contextlib
 import logging
 import time
 
-from confluent_kafka import KafkaException
-
 from pipeline.core.lifecycle import Phase
 from pipeline.sinks.kafka.task import KafkaTask
-from pipeline.sinks.kafka.transaction import PartitionDropped, TransactionAborted
+from pipeline.sinks.kafka.transaction import PRODUCER_CALL_FAILED, PartitionDropped, TransactionAborted
 from pipeline.state.snapshot_format import Manifest
 from pipeline.state.snapshot_writer import write_snapshot
 
@@ -52,9 +50,9 @@ def publish_shutdown_snapshot(task: KafkaTask, snapshot_topic: str) -> Manifest 
         txn.call(txn.producer.commit_transaction, txn.timeout_s)
     # Fenced while it looked silent (a fault run: another process's heartbeat thread fenced it), the producer fails
     # the flush with a SystemError around the lost fatal error, and the instance exited with code 1 instead of stopping.
-    except (KafkaException, SystemError, TransactionAborted, PartitionDropped) as e:
+    except (*PRODUCER_CALL_FAILED, TransactionAborted, PartitionDropped) as e:
         log.warning("p%d: snapshot on shutdown not published: %s", task.partition, e)
-        with contextlib.suppress(KafkaException, SystemError):
+        with contextlib.suppress(*PRODUCER_CALL_FAILED):
             txn.producer.abort_transaction(txn.timeout_s)
         return None
     task.snapshot_base = manifest

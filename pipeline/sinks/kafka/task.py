@@ -51,7 +51,7 @@ from pipeline.serde import (
 from pipeline.settings import Settings
 from pipeline.sinks.kafka.hot import RUNNING, HotPath, encoder, new_record
 from pipeline.sinks.kafka.hot import Encoded as Encoded  # what MultiInputTask produces
-from pipeline.sinks.kafka.transaction import Transaction, TransactionAborted
+from pipeline.sinks.kafka.transaction import PRODUCER_CALL_FAILED, Transaction, TransactionAborted
 from pipeline.state import PartitionState
 from pipeline.state.changelog import CHECKPOINT_HEADER, CHECKPOINT_KEY, Checkpoint
 from pipeline.state.disk_store import note_committed, ready_state
@@ -323,7 +323,7 @@ class KafkaTask(Task):
         """partition -1: the producer's partitioner (murmur2 of the key) decides."""
         try:
             produce_waiting(self.producer, topic, value, key, partition=partition, headers=headers, **kwargs)
-        except (KafkaException, SystemError) as e:  # SystemError: from a delivery callback its poll served
+        except PRODUCER_CALL_FAILED as e:  # SystemError: from a delivery callback its poll served
             self.txn.raise_client_error("produce", e)
 
     # -- 2b. timers (docs/guarantees.md: timers-exactly-once) ----------------------------------------------------------

@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 # While a transactional call's outcome is unknown (retriable), it is called again this often, for at most
 # TRANSACTION_TIMEOUT_MS: beyond that the broker has aborted the transaction anyway.
 UNKNOWN_OUTCOME_BACKOFF = Backoff(0.05, factor=1)
+# What a producer call raises when it fails: librdkafka's error as a KafkaException, or the SystemError that
+# confluent_kafka 2.16 raises instead when the error (a fenced or fatal producer, say) surfaced while a delivery
+# callback ran and its exception was lost: "returned NULL without setting an exception" from a flush, seen in
+# cluster fault runs, where it ended an instance with exit code 1 (raise_client_error finds the KafkaException when
+# it is there).
+PRODUCER_CALL_FAILED = (KafkaException, SystemError)
 
 
 def transactional_id(app_id: str, topic: str, partition: int) -> str:
@@ -174,7 +180,7 @@ class Transaction:
             remaining = self.producer.flush(self.timeout_s)
             while remaining and time.monotonic() < deadline:
                 remaining = self.producer.flush(min(self.timeout_s, max(0.0, deadline - time.monotonic())))
-        except (KafkaException, SystemError) as e:  # a fenced or fatal producer fails its flush
+        except PRODUCER_CALL_FAILED as e:  # a fenced or fatal producer fails its flush
             self.raise_client_error("flush", e)
         if remaining:
             raise TransactionAborted(f"{remaining} message(s) not delivered within TRANSACTION_TIMEOUT_MS")
@@ -221,13 +227,13 @@ class Transaction:
         """producer.poll(0): serves the delivery reports (Deliveries) of what was produced so far."""
         try:
             self.producer.poll(0)
-        except (KafkaException, SystemError) as e:
+        except PRODUCER_CALL_FAILED as e:
             self.raise_client_error("poll", e)
 
     def raise_client_error(self, operation: str, exc: Exception) -> NoReturn:
-        """A producer call's error, classified: librdkafka's own, or the SystemError confluent_kafka raises around it
-        when the error (a fenced or fatal producer, say) surfaced while a delivery callback ran (seen in a cluster
-        fault run: "Deliveries.report returned a result with an exception set", caused by the fenced error)."""
+        """A producer call's error (PRODUCER_CALL_FAILED), classified: a SystemError by the KafkaException it was raised
+        around, if any (a cluster fault run: "Deliveries.report returned a result with an exception set", caused by the
+        fenced error)."""
         cause = exc if isinstance(exc, KafkaException) else exc.__cause__
         if isinstance(cause, KafkaException):
             self.raise_classified(operation, cause)
