@@ -93,18 +93,20 @@ def producer_config(
     """Idempotent; transactional when given a transactional.id; `on_delivery` gets every message's delivery report
     that has no callback of its own (the runner's producers: sinks/kafka/transaction.py, Deliveries)."""
     config = {
-        **polled_client_config(settings),
-        "enable.idempotence": True,
-        "acks": "all",
+        # Tuning defaults that the [kafka] settings may override (PIPELINE_KAFKA_LINGER_MS, say); the guarantees'
+        # properties below may not.
         # exactly_once: outputs become visible at the commit, which sends whatever lingers at once (commit 1-1.5 ms
         # with 5 or 0), so lingering costs no latency and makes fewer, larger requests. at_least_once: an output is
         # visible once sent, so linger.ms adds up to 5 ms; 1 ms was tried and measured worse on 2 shared cores (3-5x
         # the produce requests: p50 1.0-1.6 s vs 0.65-1.3 s at 61k rec/s, p99 +100 ms at 12k rec/s; BENCHMARKS.md).
         "linger.ms": 5,
-        "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
         # Back-to-back transactions hit CONCURRENT_TRANSACTIONS while markers are written: retry soon.
         "retry.backoff.ms": 10,
         "retry.backoff.max.ms": 100,
+        **polled_client_config(settings),
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
     }
     if transactional_id is not None:
         config |= {"transactional.id": transactional_id, "transaction.timeout.ms": settings.transaction_timeout_ms}

@@ -257,6 +257,8 @@ def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> No
             "PIPELINE_KAFKA_ENABLE_IDEMPOTENCE": "false",
             "PIPELINE_KAFKA_ACKS": "1",
             "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "PIPELINE_KAFKA_PARTITIONER": "random",
+            "PIPELINE_KAFKA_LINGER_MS": "20",  # a tuning default: the user's wins
         }
     )
     consumer, restore = consumer_config(s, "group"), restore_consumer_config(s, "group.restore")
@@ -268,6 +270,7 @@ def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> No
     )
     assert (restore["isolation.level"], restore["enable.auto.commit"]) == ("read_committed", False)
     assert (producer["enable.idempotence"], producer["acks"], producer["transactional.id"]) == (True, "all", "app.in.0")
+    assert (producer["partitioner"], producer["linger.ms"]) == ("murmur2_random", "20")
     assert consumer["security.protocol"] == restore["security.protocol"] == producer["security.protocol"] == "SSL"
 
 
