@@ -58,6 +58,16 @@ class ConfigError(ValueError):
     """A setting is missing, malformed or contradicts another one. The message names the setting."""
 
 
+def port_taken(host: str, port: int, error: OSError) -> ConfigError:
+    """METRICS_PORT (or a worker's port derived from it) could not be listened on: a traceback of socketserver's
+    bind was all a user got when another process had the port."""
+    return ConfigError(
+        f"METRICS_PORT: cannot listen on {host}:{port} ({error.strerror or error}): another process has the port? "
+        "Choose a free METRICS_PORT, or 0 for no endpoint (with --workers N and QUERY_ENABLED, worker k also listens "
+        "on METRICS_PORT + 1 + k)"
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     bootstrap_servers: str = "127.0.0.1:9092"

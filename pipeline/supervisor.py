@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 
 from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
-from pipeline.settings import Settings, live_timeout_ms
+from pipeline.settings import Settings, live_timeout_ms, port_taken
 from pipeline.worker_identity import instance_id_base, to_a_worker, worker_settings
 
 if TYPE_CHECKING:
@@ -379,8 +379,14 @@ def _supervise(
         def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
-        port, routes = settings.metrics_port, to_a_worker(settings)
-        health = HealthServer(metrics, is_ready, port, settings.metrics_host, is_live, routes).start() if port else None
+        port, host, routes = settings.metrics_port, settings.metrics_host, to_a_worker(settings)
+        try:
+            health = HealthServer(metrics, is_ready, port, host, is_live, routes).start() if port else None
+        except OSError as e:  # before any worker starts
+            log.error("configuration error: %s", port_taken(host, port, e))
+            if announcer is not None:
+                announcer.close()
+            return CONFIG_ERROR_EXIT
         log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 import uuid
 
@@ -36,6 +37,18 @@ def test_unreachable_broker_fails_with_a_bounded_clear_error():
     config = settings.load(env={}, bootstrap_servers="127.0.0.1:1", app_id="nowhere", request_timeout_ms=2_000)
     with pytest.raises(ConfigError, match="BOOTSTRAP_SERVERS: no cluster metadata within 2s"):
         KafkaRunner(totals, config).run()
+
+
+def test_a_metrics_port_another_process_has_is_a_configuration_error_naming_it(kafka_bootstrap):
+    app, app_id = fresh_app(kafka_bootstrap, partitions=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = settings.load(env={}, bootstrap_servers=kafka_bootstrap, app_id=app_id, metrics_port=port)
+        config = config.with_overrides(metrics_host="127.0.0.1")
+        with pytest.raises(ConfigError, match=rf"METRICS_PORT: cannot listen on 127.0.0.1:{port} \(Address already"):
+            KafkaRunner(app, config).run()
 
 
 def test_at_least_once_happy_path_loses_nothing(kafka_bootstrap):

@@ -30,6 +30,7 @@ from pipeline.supervisor import (
     describe_exit,
     instance_ids_lock,
     restart_delay,
+    supervise,
     worker_command,
     worker_env,
     worker_settings,
@@ -315,3 +316,19 @@ def test_with_queries_each_worker_serves_its_own_port_and_the_supervisors_sends_
     )
     assert route("/state?prefix=a", {})[0] == 307 and route("/tables/t/k", {})[0] == 307  # type: ignore[index]
     assert to_a_worker(load_settings(None, {"PIPELINE_METRICS_PORT": "9100"})) is None
+
+
+def test_a_metrics_port_another_process_has_stops_the_supervisor_before_any_worker_with_the_setting_named(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[Supervisor] = []
+    monkeypatch.setattr(Supervisor, "start", started.append)
+    monkeypatch.setattr("pipeline.supervisor.signal.signal", lambda *args: None)  # pytest's own handlers stay
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = load_settings(None, {"PIPELINE_METRICS_PORT": str(port), "PIPELINE_METRICS_HOST": "127.0.0.1"})
+        code = supervise("pipeline.examples.copier:app", settings, 2, "info", threading.Event(), "ports")
+    assert code == CONFIG_ERROR_EXIT and not started
+    assert f"METRICS_PORT: cannot listen on 127.0.0.1:{port} (Address already in use)" in caplog.text
