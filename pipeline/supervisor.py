@@ -50,8 +50,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, multi
 
 from pipeline.metrics import HealthServer
 from pipeline.retry import Backoff
-from pipeline.settings import Settings, live_timeout_ms, port_taken
-from pipeline.worker_identity import instance_id_base, to_a_worker, worker_settings
+from pipeline.settings import ConfigError, Settings, live_timeout_ms
+from pipeline.worker_identity import instance_id_base, supervisor_endpoint, worker_settings
 
 if TYPE_CHECKING:
     from pipeline.kafka.liveness import Announcer
@@ -339,6 +339,9 @@ def supervise(
     except InstanceIdsTaken as e:
         log.error("%s", e)
         return CONFIG_ERROR_EXIT
+    except ConfigError as e:
+        log.error("configuration error: %s", e)
+        return CONFIG_ERROR_EXIT
 
 
 def _supervise(
@@ -379,17 +382,12 @@ def _supervise(
         def is_live() -> bool:  # no running worker's poll loop stuck (a dead one is restarted, not stuck)
             return not (_pids(supervisor.running()) & metrics.stuck_pids(live_timeout_ms(settings) / 1000))
 
-        port, host, routes = settings.metrics_port, settings.metrics_host, to_a_worker(settings)
-        try:
-            health = HealthServer(metrics, is_ready, port, host, is_live, routes).start() if port else None
-        except OSError as e:  # before any worker starts
-            log.error("configuration error: %s", port_taken(host, port, e))
-            if announcer is not None:
-                announcer.close()
-            return CONFIG_ERROR_EXIT
-        log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port or "none")
         code: int | None = None
+        health: HealthServer | None = None
         try:
+            health = supervisor_endpoint(settings, metrics, is_ready, is_live)  # before any worker starts
+            port = health.port if health else "none"
+            log.info("%d workers of %s (one process each; metrics on port %s)", workers, app, port)
             supervisor.start()
             code = _watch(supervisor, stop_requested)
         finally:  # whatever ended the watch, no worker outlives the supervisor

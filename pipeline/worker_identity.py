@@ -5,11 +5,11 @@ its heartbeats carry; and the supervisor's port sending queries to worker 0, whi
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.metrics import Routes
-from pipeline.settings import Settings
+from pipeline.metrics import Exposition, HealthServer, Routes
+from pipeline.settings import Settings, port_taken
 
 
 def instance_id_base(settings: Settings, host: str | None = None) -> str:
@@ -57,3 +57,17 @@ def to_a_worker(settings: Settings) -> Routes | None:
         return None
 
     return route
+
+
+def supervisor_endpoint(
+    settings: Settings, metrics: Exposition, is_ready: Callable[[], bool], is_live: Callable[[], bool]
+) -> HealthServer | None:
+    """The supervisor's one endpoint for all workers on METRICS_PORT (0: none), started, queries sent on to worker 0;
+    a port another process has is a ConfigError naming the setting (socketserver's traceback was all a user got)."""
+    port, host = settings.metrics_port, settings.metrics_host
+    if not port:
+        return None
+    try:
+        return HealthServer(metrics, is_ready, port, host, is_live, to_a_worker(settings)).start()
+    except OSError as e:
+        raise port_taken(host, port, e) from e
