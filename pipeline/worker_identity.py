@@ -8,8 +8,9 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pipeline.endpoint import health_server
 from pipeline.metrics import Exposition, HealthServer, Routes
-from pipeline.settings import Settings, port_taken
+from pipeline.settings import Settings
 
 
 def instance_id_base(settings: Settings, host: str | None = None) -> str:
@@ -64,10 +65,5 @@ def supervisor_endpoint(
 ) -> HealthServer | None:
     """The supervisor's one endpoint for all workers on METRICS_PORT (0: none), started, queries sent on to worker 0;
     a port another process has is a ConfigError naming the setting (socketserver's traceback was all a user got)."""
-    port, host = settings.metrics_port, settings.metrics_host
-    if not port:
-        return None
-    try:
-        return HealthServer(metrics, is_ready, port, host, is_live, to_a_worker(settings)).start()
-    except OSError as e:
-        raise port_taken(host, port, e) from e
+    server = health_server(settings, metrics, is_ready, is_live, to_a_worker(settings))
+    return server.start() if server is not None else None

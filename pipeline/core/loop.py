@@ -21,9 +21,10 @@ from pipeline.core.processing import log_stop
 from pipeline.core.queries import Queries, serve_promptly
 from pipeline.core.schedule import Schedule
 from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
+from pipeline.endpoint import health_server
 from pipeline.kafka.records import Consumed
-from pipeline.metrics import HealthServer, Metrics, Routes
-from pipeline.settings import CONSUMER, Settings, live_timeout_ms, port_taken
+from pipeline.metrics import Metrics
+from pipeline.settings import CONSUMER, Settings, live_timeout_ms
 
 log = logging.getLogger(__name__)
 # Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
@@ -119,7 +120,8 @@ class PollLoop:
         queries = self._queries() if self.settings.query_enabled else None
         if queries is not None:
             serve_promptly()
-        health = self._health_server(queries.route if queries is not None else None)
+        routes = queries.route if queries is not None else None
+        health = health_server(self.settings, self.metrics, self.is_ready, self.is_live, routes)  # before subscribing
         if health is not None:
             health.start()
         self.input.subscribe(
@@ -138,17 +140,6 @@ class PollLoop:
             self._shutdown()
             if health:
                 health.stop()
-
-    def _health_server(self, routes: Routes | None) -> HealthServer | None:
-        """/metrics, /ready and /live (and the queries' routes) on METRICS_PORT, 0: none. Bound here, before the
-        subscription: a port another process has is a configuration error, not a traceback from socketserver."""
-        port, host = self.settings.metrics_port, self.settings.metrics_host
-        if not port:
-            return None
-        try:
-            return HealthServer(self.metrics, self.is_ready, port, host, is_live=self.is_live, routes=routes)
-        except OSError as e:
-            raise port_taken(host, port, e) from e
 
     @property
     def input(self) -> Consumer:
