@@ -115,7 +115,10 @@ class FaultRun:
 
     def feed(self, records: Sequence[Any], seconds: float) -> None:
         """Produces the records spread evenly over `seconds`, in the background. An App with several inputs or
-        tables generates (topic, partition, key, value, timestamp) items: each goes to its topic, suffixed."""
+        tables generates (topic, partition, key, value, timestamp) items: each goes to its topic, suffixed. A later
+        call produces after what an earlier one produces."""
+        if self._feeder:
+            self._feeder.join()
         if self.several:
             records = [(topic + self.suffix, *rest) for topic, *rest in records]
         self._feeder = threading.Thread(

@@ -58,6 +58,9 @@ class PgRun:
         return self.fleet
 
     def feed(self, records: Sequence[inputs.ProducedRecord], seconds: float) -> None:
+        """Produces `records` paced over `seconds`, in the background, after what an earlier call produces."""
+        if self._feeder:
+            self._feeder.join(120)
         self._feeder = threading.Thread(
             target=produce_paced, args=(self.bootstrap, self.input_topic, list(records), seconds), daemon=True
         )

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -109,6 +110,26 @@ def test_a_connection_lost_during_the_migration_is_retried_on_a_new_one(postgres
         holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock,))
         starting.join(30)
     assert result == [LATEST_VERSION]
+
+
+def test_a_start_up_paused_mid_migration_past_the_idle_timeout_connects_again(postgres_dsn, pg_schema, monkeypatch):
+    # A chaos run SIGSTOPped an instance while it prepared its schema: the server ended the session that sat idle in
+    # its transaction (IdleInTransactionSessionTimeout, an InternalError, not an OperationalError) and the process
+    # exited 1. The same pause here: the first check of the tables sleeps past the session's idle timeout.
+    from pipeline.sinks.postgres import schema as schema_module
+
+    check_tables, paused = schema_module._check_tables, []
+
+    def pause_once(conn, schema, tables):
+        if not paused:
+            paused.append(True)
+            time.sleep(1.0)
+        check_tables(conn, schema, tables)
+
+    monkeypatch.setattr(schema_module, "_check_tables", pause_once)
+    kwargs = {"options": "-c idle_in_transaction_session_timeout=300"}
+    assert prepare_database(postgres_dsn, kwargs, pg_schema, TABLES, 20) == LATEST_VERSION
+    assert paused
 
 
 def _prepare_or_error(dsn: str, application_name: str, schema: str) -> object:

@@ -244,6 +244,16 @@ def connect_checked(dsn: str, kwargs: dict[str, Any], timeout_s: float) -> psyco
         ) from None
 
 
+# The server ended the session: gone, restarted, failed over (OperationalError), or it ended a session left idle in
+# its transaction past idle_in_transaction_session_timeout, which psycopg raises as an InternalError (SQLSTATE 25P03).
+# A chaos run met the second: an instance SIGSTOPped while it prepared its schema exited 1 when it woke.
+SESSION_ENDED = (psycopg.OperationalError, psycopg.errors.IdleInTransactionSessionTimeout)
+
+
+def session_ended(error: Exception) -> bool:
+    return isinstance(error, SESSION_ENDED)
+
+
 def prepare_database(dsn: str, kwargs: dict[str, Any], schema: str, tables: Sequence[Table], timeout_s: float) -> int:
     """connect_checked + ensure_schema, started again when the server goes away half-way (a restart, a failover):
     the migration is one transaction, so a retry sees either all of it or none. Returns the schema version."""
@@ -260,9 +270,8 @@ def prepare_database(dsn: str, kwargs: dict[str, Any], schema: str, tables: Sequ
             )
 
     try:
-        lost_connection = lambda e: isinstance(e, psycopg.OperationalError)  # noqa: E731
-        return retry(prepare, retriable=lost_connection, backoff=Backoff(0.2, 1.0), within_s=timeout_s, on_failure=lost)
-    except psycopg.OperationalError as e:
+        return retry(prepare, retriable=session_ended, backoff=Backoff(0.2, 1.0), within_s=timeout_s, on_failure=lost)
+    except SESSION_ENDED as e:
         raise PostgresSetupError(
             f"POSTGRES_DSN {describe_dsn(dsn)}: connection lost while preparing "
             f"schema {schema!r}: {_server_message(str(e))}"
