@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -121,6 +122,17 @@ def stable_end_offsets(admin: AdminClient, topic: str, partitions: list[int], ti
 # A new leader whose high watermark has not caught up yet (KIP-207): Java's clients retry it; librdkafka 2.16 does not
 # flag it retriable. A broker-fault run's final check failed on it a few seconds after a paused leader came back.
 _NOT_YET = {KafkaError.OFFSET_NOT_AVAILABLE}
+
+
+def seek_all(consumer: Consumer, partition: int, offsets: Mapping[str, int | None]) -> bool:
+    """Partition `partition` of every topic in `offsets` to its offset (None: the beginning); False when a seek did not
+    take (p not assigned yet, say): the caller tries again on a later turn."""
+    try:
+        for topic, offset in offsets.items():
+            consumer.seek(TopicPartition(topic, partition, OFFSET_BEGINNING if offset is None else offset))
+    except KafkaException:
+        return False
+    return True
 
 
 def _transient(error: KafkaError) -> bool:

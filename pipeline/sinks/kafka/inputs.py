@@ -26,12 +26,13 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from pipeline.app import Record
 from pipeline.core.lifecycle import Phase
 from pipeline.core.merge import OrderRuns, WaitsFromRunning, enqueue, merge_order, must_wait, next_run
 from pipeline.core.provenance import SOURCE_HEADER, encode_source
+from pipeline.kafka.offsets import seek_all
 from pipeline.kafka.records import Consumed
 from pipeline.serde import skip_bytes_deserialize
 from pipeline.sinks.kafka.task import Encoded, KafkaTask, KafkaTaskContext
@@ -94,11 +95,7 @@ class MultiInputTask(WaitsFromRunning, KafkaTask):
 
     def try_seek_back(self, consumer: Consumer) -> bool:
         """Every topic of p back to its committed offset; p RUNNING once all seeks took."""
-        try:
-            for topic in self.topics:
-                offset = self.committed_offsets[topic]
-                consumer.seek(TopicPartition(topic, self.partition, OFFSET_BEGINNING if offset is None else offset))
-        except KafkaException:
+        if not seek_all(consumer, self.partition, {topic: self.committed_offsets[topic] for topic in self.topics}):
             return False
         for queue in self._queues.values():
             queue.clear()

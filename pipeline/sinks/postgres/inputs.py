@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -35,6 +35,7 @@ from pipeline.core.lifecycle import Phase
 from pipeline.core.merge import OrderRuns, WaitsFromRunning, enqueue, merge_order, must_wait, next_run
 from pipeline.core.processing import record_from_message
 from pipeline.kafka.clients import restore_consumer_config
+from pipeline.kafka.offsets import seek_all
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.settings import Settings
@@ -121,11 +122,7 @@ class PostgresMultiTask(WaitsFromRunning, PostgresTask):
 
     def try_seek_back(self, consumer: Consumer) -> bool:
         """Every topic of p to its fenced (or restored) offset; p RUNNING once all seeks took."""
-        try:
-            for topic in self.topics:
-                offset = self.committed_offsets[topic]
-                consumer.seek(TopicPartition(topic, self.partition, OFFSET_BEGINNING if offset is None else offset))
-        except KafkaException:
+        if not seek_all(consumer, self.partition, {topic: self.committed_offsets[topic] for topic in self.topics}):
             return False
         for queue in self._queues.values():
             queue.clear()
