@@ -247,10 +247,27 @@ class Liveness:
 
     def start(self) -> Liveness:
         """The topic exists: the runner created it with its internal topics (pipeline/sinks/kafka/takeover.py)."""
-        self._consumer.assign([TopicPartition(self._topic, 0, OFFSET_END)])
+        self._consumer.assign([TopicPartition(self._topic, 0, self._first_offset())])
         self._thread.start()
         log.info("heartbeats on %s every %d ms, as %s", self._topic, beat_interval_s(self.bound_ms) * 1000, self.beat)
         return self
+
+    def _first_offset(self) -> int:
+        """Where reading starts: the beats of the last SESSION_TIMEOUT_MS, so that a peer that died just before this
+        process started is heard and, silent, removed. Read from the end, it was not: a CI run killed a member a
+        second after a new one started, the new one had heard none of its beats, and the group waited the session
+        time-out (6 s) for it. Silence still counts on this process's clock, from when a beat is read here: an old
+        beat only makes its peer a suspect, judged after the bound like any other. A member older than that window
+        is out of the group by then anyway."""
+        since_ms = int(time.time() * 1000) - self._settings.session_timeout_ms
+        try:
+            [found] = self._consumer.offsets_for_times(
+                [TopicPartition(self._topic, 0, since_ms)], timeout=self._settings.request_timeout_ms / 1000
+            )
+        except KafkaException as e:  # the end then, as before: the session time-out covers what is missed
+            log.info("heartbeats on %s read from their end (%s)", self._topic, e)
+            return OFFSET_END
+        return found.offset if found.error is None and found.offset >= 0 else OFFSET_END
 
     def joined(self, member_id: str) -> None:
         """The group consumer's member id, told by the runner from the consumer's own thread after every (re)join (a

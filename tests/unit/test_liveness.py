@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
+from confluent_kafka import Producer
 
 from pipeline.kafka.kafka_python import kafka_python_config
 from pipeline.kafka.liveness import Beat, Liveness, Peers
 from pipeline.settings import ConfigError, Settings
+from pipeline.testing.inputs import create_topics
 from tests.support import eventually
 
 BOUND_S = 1.0
@@ -214,3 +217,28 @@ def test_a_silent_member_is_removed_without_waiting_for_its_fence() -> None:
     fence_may_end.set()
     eventually(lambda: "fence done" in events, timeout_s=5, interval_s=0.01)
     assert "fence app.p started" in events and liveness.removed == [Beat("x", "m-1", transactional_id="app.p")]
+
+
+@pytest.mark.kafka
+def test_a_peer_that_died_just_before_this_process_started_is_heard_and_removed(kafka_bootstrap: str) -> None:
+    """A CI run killed a member a second after a new one started: read from the end, the new one had heard none of its
+    beats and the group waited the session time-out. The last SESSION_TIMEOUT_MS of beats are read at start."""
+    topic = f"liveness-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka_bootstrap, {topic: 1})
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    dead = Beat("dead-incarnation", "m-dead")
+    producer.produce(topic, dead.encode(), key=dead.incarnation.encode())
+    assert producer.flush(10) == 0
+    removed: list[str] = []
+    liveness = Liveness(
+        Settings(failure_detection_ms=500, session_timeout_ms=6000),
+        {"bootstrap.servers": kafka_bootstrap},
+        "app",
+        topic,
+        remove=lambda beat: removed.append(beat.member_id) or "NoError",
+        fence=lambda transactional_id: None,
+    ).start()
+    try:
+        eventually(lambda: removed == ["m-dead"], timeout_s=10)
+    finally:
+        liveness.stop()
