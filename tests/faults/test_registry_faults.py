@@ -13,9 +13,10 @@ from pipeline.examples.running_totals_avro import input_encoders, schema
 from pipeline.registry import AvroSerde
 from pipeline.settings import Settings
 from pipeline.testing import inputs
-from pipeline.testing.harness import Instance, wait_caught_up
+from pipeline.testing.harness import Instance, group_owners, wait_caught_up
 from tests.faults.conftest import PARTITIONS, assert_exactly_once
 from tests.plugins.registry import SchemaRegistry
+from tests.support import eventually
 
 SPEC = "pipeline.examples.running_totals_avro:app"
 
@@ -33,6 +34,11 @@ def started(instance: Instance) -> None:
     while "producers per_" not in (log := instance.log_path.read_text(errors="replace")):
         assert time.monotonic() < deadline, f"{instance.name} did not start within 60 s:\n{log[-3000:]}"
         time.sleep(0.2)
+
+
+def _owned_by(run, names: set[str]) -> bool:
+    owners = group_owners(run.bootstrap, run.app_id)
+    return set(owners) <= names and sorted(p for parts in owners.values() for p in parts) == list(range(PARTITIONS))
 
 
 def test_exactly_once_with_sigkills_and_the_registry_paused(fault_run, private_schema_registry: SchemaRegistry):
@@ -62,8 +68,12 @@ def test_exactly_once_with_sigkills_and_the_registry_paused(fault_run, private_s
     started(replacement)  # past its registry check: a process started while the registry is paused exits 2
     assert run._feeder is not None
     run._feeder.join(60)
-    # Every partition owned and working (v1 caught up), so that the v2 records find processes that ask the registry.
+    # Every partition owned by a live process and v1 caught up, so that the v2 records find processes that ask the
+    # registry. Caught up alone was not enough: in a CI run the killed process had committed all of v1 before it
+    # died, and while the registry was paused the group was still waiting for it: nobody read v2 until the resume.
     assert not wait_caught_up(run.bootstrap, run.app_id, run.input_topic, PARTITIONS, 90)
+    alive = {instance.name for instance in fleet.alive}
+    eventually(lambda: _owned_by(run, alive), timeout_s=60)
     schema_registry.pause()
     try:
         run.feed(v2, seconds=5)  # while the registry does not answer
