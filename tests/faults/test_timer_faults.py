@@ -16,14 +16,15 @@ WINDOWED = "pipeline.examples.windowed_totals:app"
 WALL = "tests.faults.timer_apps:wall"
 
 
-def kill_rounds(run, fleet, rounds: int, seed: int) -> None:
+def kill_rounds(run, fleet, rounds: int, seed: int, owners_only: bool = False) -> None:
     """SIGKILLs while the input is being processed (outputs seen): timers scheduled and not fired yet are lost with
-    the process unless the changelog has them."""
+    the process unless the changelog has them. owners_only: each kill strikes the busiest owner once both own
+    partitions, never a process that has not joined yet (which loses nothing)."""
     rng = random.Random(seed)
     eventually(lambda: len(run.observer.records) > 0, timeout_s=30)
     for _ in range(rounds):
         time.sleep(rng.uniform(1.5, 3.0))
-        rng.choice(fleet.alive).kill()
+        (busiest_owner(run, fleet) if owners_only else rng.choice(fleet.alive)).kill()
         fleet.start(1)
 
 
@@ -82,10 +83,19 @@ def _all_fired(run, expected: int) -> bool:
 def test_the_sigkill_test_fails_when_timers_are_kept_outside_the_transaction(fault_run):
     """The same run as test_windows_close_exactly_once_under_sigkill_rounds against a double that leaves the timer
     entries out of the changelog (tests/faults/timers_outside.py): restored partitions lose their pending windows,
-    and the checker finds windows that never closed. This shows the test above can fail."""
-    run = fault_run("tests.faults.timers_outside:app")
-    run.feed(list(windowed_totals.generate(15_000, PARTITIONS, 11)), seconds=12)
-    kill_rounds(run, run.start(2), rounds=3, seed=11)
-    outcome = run.finish()
-    assert outcome.verdict is not None and not outcome.verdict.ok
-    assert outcome.verdict.losses.count > 0 and outcome.verdict.state.count > 0, outcome.verdict.summary()
+    and the checker finds windows that never closed. This shows the test above can fail. Every run fails the
+    checker (the timer entries are missing from the changelog); windows lost need a kill that strikes an owner with
+    windows open: up to three runs for that. In a CI run two of three kills struck processes just started, owning
+    nothing yet, and the one restore lost no window the checker counts: hence the kills now strike owners only."""
+    summaries = []
+    for seed in (11, 12, 13):
+        run = fault_run("tests.faults.timers_outside:app")
+        run.feed(list(windowed_totals.generate(15_000, PARTITIONS, seed)), seconds=12)
+        kill_rounds(run, run.start(2), rounds=3, seed=seed, owners_only=True)
+        outcome = run.finish()
+        assert outcome.verdict is not None and not outcome.verdict.ok
+        assert outcome.verdict.state.count > 0, outcome.verdict.summary()
+        summaries.append(outcome.verdict.summary())
+        if outcome.verdict.losses.count > 0:
+            return
+    raise AssertionError("no run lost a window:\n" + "\n".join(summaries))
