@@ -45,6 +45,12 @@ def consumer_config(settings: Settings, group_id: str) -> dict[str, Any]:
         # until its last record was consumed (peak RSS 2.2x that of 3 partitions; 1.2x at 8 MB, and faster).
         "fetch.queue.backoff.ms": 10,
         "fetch.max.bytes": 8 * 1024 * 1024,
+        # queued.min.messages (100,000 per partition) lets the first partitions fetched fill the whole prefetch
+        # budget (queued.max.messages.kbytes): draining a backlog of 384 partitions of small record batches, the
+        # others were not fetched for 32 s and the stall watchdog warned for 3-55 of them a run. At 2,000 the budget is
+        # spread over the partitions: no warning, peak RSS 30 % lower at 3 and at 384 partitions, the same rate at 3
+        # (BENCHMARKS.md, "Partition scale: CPU by thread").
+        "queued.min.messages": 2_000,
         **polled_client_config(s),
         "group.id": group_id,
         "group.protocol": s.group_protocol,

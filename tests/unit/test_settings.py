@@ -259,6 +259,7 @@ def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> No
             "PIPELINE_KAFKA_SECURITY_PROTOCOL": "SSL",
             "PIPELINE_KAFKA_PARTITIONER": "random",
             "PIPELINE_KAFKA_LINGER_MS": "20",  # a tuning default: the user's wins
+            "PIPELINE_KAFKA_QUEUED_MIN_MESSAGES": "500",  # another
         }
     )
     consumer, restore = consumer_config(s, "group"), restore_consumer_config(s, "group.restore")
@@ -271,6 +272,8 @@ def test_the_kafka_passthrough_cannot_switch_off_what_the_protocol_needs() -> No
     assert (restore["isolation.level"], restore["enable.auto.commit"]) == ("read_committed", False)
     assert (producer["enable.idempotence"], producer["acks"], producer["transactional.id"]) == (True, "all", "app.in.0")
     assert (producer["partitioner"], producer["linger.ms"]) == ("murmur2_random", "20")
+    assert consumer["queued.min.messages"] == "500"
+    assert consumer_config(load(env={}), "group")["queued.min.messages"] == 2_000  # prefetch spread over partitions
     assert consumer["security.protocol"] == restore["security.protocol"] == producer["security.protocol"] == "SSL"
 
 

@@ -11,6 +11,9 @@ many partitions as the input. For each run:
                 tools/bench/throughput.py's measure(); group join, fencing and restore are excluded (start-up
                 is reported on its own: process start to first progress)
     threads     the peak of `Threads` in /proc/PID/status, sampled every 100 ms over the instance's whole life
+    CPU         user + system CPU of the instance over the measured window per record committed in it, in all
+                and by thread group (/proc/PID/task: the Python threads, librdkafka's rdk:main and rdk:broker of
+                all its clients)
     RSS         VmHWM (the kernel's peak resident set) of the instance at the end of the run, and the median of
                 VmRSS over the measured window (the steady state: the peak may be a start-up burst); every
                 sample (seconds since start, threads, VmRSS MB) goes to <log dir>/<app id>.proc.csv
@@ -52,6 +55,9 @@ log = logging.getLogger("tools.bench.partitions")
 
 PRODUCERS = (PER_PARTITION, PER_PROCESS)
 SAMPLE_S = 0.1
+# The filling producer's linger: at 384 partitions its record batches hold ~15 records, at 3 thousands (batch.size
+# 1 MB). The instance reads them batch by batch: --fill-linger-ms 2000 gives 384 partitions batches as large.
+FILL_LINGER_MS = 20
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc/PID/stat counts CPU time in these
 DEFAULT_RECORDS = 1_500_000  # about 14 s at 3 partitions (~105k rec/s on 2 shared cores)
 VALUE_SIZE = 100
@@ -67,6 +73,9 @@ class Sample:
     timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (monotonic, threads, VmRSS MB)
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, the process's user + system CPU s)
     cpu_us_per_record: float = 0.0  # over the measured window: its CPU / the records committed in it
+    # (monotonic, thread group -> CPU s of its threads): the groups of thread_group()
+    threads_cpu: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    cpu_us_by_thread: dict[str, float] = field(default_factory=dict)  # group -> CPU us per record over the window
 
     def cpu_rate_between(self, start: float, end: float) -> float:
         """CPU seconds per second of the window's samples (the first at or after start, the last at or before
@@ -75,6 +84,14 @@ class Sample:
         if len(window) < 2 or window[-1][0] <= window[0][0]:
             return 0.0
         return (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+
+    def cpu_by_thread_between(self, start: float, end: float) -> dict[str, float]:
+        """Thread group -> CPU seconds per second over the window (a group's threads that ended in it are lost)."""
+        window = [(t, groups) for t, groups in self.threads_cpu if start <= t <= end]
+        if len(window) < 2 or window[-1][0] <= window[0][0]:
+            return {}
+        (t0, first), (t1, last) = window[0], window[-1]
+        return {group: (cpu - first.get(group, 0.0)) / (t1 - t0) for group, cpu in last.items()}
 
     def rss_between(self, start: float, end: float) -> float:
         window = [rss for t, _, rss in self.timeline if start <= t <= end]
@@ -97,6 +114,12 @@ class RunResult:
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and at the end
     warnings: list[str] = field(default_factory=list)  # WARNING / ERROR lines of the instance's log
     error: str = ""
+
+
+def thread_group(name: str) -> str:
+    """A thread's name (comm) without its number: librdkafka's rdk:main and rdk:broker<N> of every client, the
+    Python threads (named after the process: Python does not name them in the kernel)."""
+    return name.rstrip("0123456789-") if name.startswith("rdk:") else "python"
 
 
 class ProcWatcher:
@@ -129,6 +152,18 @@ class ProcWatcher:
         except OSError:
             return
         s.cpu.append((time.monotonic(), sum(int(t) for t in ticks) / CLOCK_TICKS))
+        s.threads_cpu.append((time.monotonic(), self._threads_cpu()))
+
+    def _threads_cpu(self) -> dict[str, float]:
+        groups: dict[str, float] = {}
+        for stat in self._stat.parent.glob("task/*/stat"):
+            try:
+                name, _, rest = stat.read_text().partition("(")[2].rpartition(")")
+            except OSError:  # the thread ended
+                continue
+            group = thread_group(name)
+            groups[group] = groups.get(group, 0.0) + sum(int(t) for t in rest.split()[11:13]) / CLOCK_TICKS
+        return groups
 
     def stop(self) -> Sample:
         self._stop.set()
@@ -176,6 +211,7 @@ class Bench:
     log_dir: Path
     extra_env: Mapping[str, str]
     timeout_s: float
+    fill_linger_ms: int = FILL_LINGER_MS
     prefix: str = field(default_factory=lambda: f"bench-parts-{uuid.uuid4().hex[:6]}")
 
     def input_topic(self, partitions: int) -> str:
@@ -184,7 +220,10 @@ class Bench:
     def fill(self, partitions: int) -> None:
         topic = self.input_topic(partitions)
         create_topics(self.bootstrap, {topic: partitions})
-        counts = produce_copier(self.bootstrap, topic, self.records, partitions=partitions, value_size=VALUE_SIZE)
+        linger = {"linger.ms": self.fill_linger_ms}  # with the partition count, it sets the input's batch sizes
+        counts = produce_copier(
+            self.bootstrap, topic, self.records, partitions=partitions, value_size=VALUE_SIZE, extra_config=linger
+        )
         assert sum(counts.values()) == self.records, counts
 
     def run(self, partitions: int, producers: str) -> RunResult:
@@ -215,6 +254,8 @@ class Bench:
             watcher.sample.rss_window_mb = watcher.sample.rss_between(*window)
             if result.rate:  # CPU s per s / records per s
                 watcher.sample.cpu_us_per_record = watcher.sample.cpu_rate_between(*window) / result.rate * 1e6
+                by_thread = watcher.sample.cpu_by_thread_between(*window).items()
+                watcher.sample.cpu_us_by_thread = {g: cpu / result.rate * 1e6 for g, cpu in by_thread}
         except throughput.BenchError as e:
             result.error = str(e)
         finally:
@@ -291,6 +332,23 @@ def summary(results: Sequence[RunResult], partitions: Sequence[int], producers: 
     return lines
 
 
+def by_thread(results: Sequence[RunResult], partitions: Sequence[int], producers: Sequence[str]) -> list[str]:
+    """The medians of CPU us per record by thread group (the Python threads, librdkafka's of every client)."""
+    groups = sorted({g for r in results for g in r.proc.cpu_us_by_thread})
+    lines = [
+        "CPU us per record by thread (medians): " + ", ".join(groups),
+        "",
+        "| partitions | producers | " + " | ".join(groups) + " |",
+        "|---:|---|" + "---:|" * len(groups),
+    ]
+    for n in partitions:
+        for p in producers:
+            runs = [r for r in results if r.partitions == n and r.producers == p and r.rate]
+            cells = [_fmt(_median([r.proc.cpu_us_by_thread.get(g, 0.0) for r in runs]), ".2f") for g in groups]
+            lines.append(f"| {n} | {p} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(results: Sequence[RunResult], partitions: Sequence[int], producers: Sequence[str]) -> str:
     header = (
         "| partitions | producers | rec/s | measured s | start-up s | CPU us per record | peak threads | peak RSS MB "
@@ -305,6 +363,7 @@ def report(results: Sequence[RunResult], partitions: Sequence[int], producers: S
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         *(row(r) for r in results),
     ]
+    lines += ["", *by_thread(results, partitions, producers)]
     warned = [r for r in results if r.warnings]
     if warned:
         lines += ["", "Instance log lines at WARNING and above (first 3 per run):"]
@@ -331,6 +390,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_RECORDS,
         help=f"input records per partition count (default {DEFAULT_RECORDS:,})",
+    )
+    parser.add_argument(
+        "--fill-linger-ms",
+        type=int,
+        default=FILL_LINGER_MS,
+        help=f"linger.ms of the producer filling the inputs (default {FILL_LINGER_MS}): their batch sizes",
     )
     parser.add_argument("--interval", type=int, default=100, help="COMMIT_INTERVAL_MS (default 100)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (default 3); medians are reported")
@@ -369,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             log_dir,
             dict(item.split("=", 1) for item in args.env),
             args.timeout or 60 + args.records / 5_000,
+            args.fill_linger_ms,
         )
         results: list[RunResult] = []
         started, before = time.monotonic(), throughput.load_line("before")
