@@ -41,6 +41,13 @@ class FatalRunnerError(RuntimeError):
     """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
 
 
+# A drain of 384 partitions left some unfetched for 32 s: the consumer's prefetch was full of the others' records.
+NOT_FETCHED_YET = (
+    "nothing fetched for it yet: in a backlog of many partitions the consumer's prefetch may hold only others' "
+    "records (queued.min.messages, queued.max.messages.kbytes: PIPELINE_KAFKA_*)"
+)
+
+
 class Input(NamedTuple):
     """Where an owned partition stands in one topic it reads, as the consumer knows it locally."""
 
@@ -238,6 +245,8 @@ class PollLoop:
             "paused by this process" if p in self.paused else "not paused",
             "assigned in the consumer" if p in assigned else "NOT assigned in the consumer",
         ]
+        if p in assigned and p not in self.paused and all(i.fetched is None for i in inputs):
+            parts.append(NOT_FETCHED_YET)
         return "; ".join([*parts, *self._stall_detail(p)])
 
     def _admin_client(self) -> AdminClient | None:

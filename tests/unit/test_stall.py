@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import IsolationLevel, TopicPartition
 
 from pipeline.core.lifecycle import Phase
+from pipeline.core.loop import NOT_FETCHED_YET
 from pipeline.core.stall import BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.examples.copier import app as copier
 from pipeline.metrics import Metrics
@@ -202,6 +203,18 @@ def test_the_loop_warns_of_a_partition_the_fetcher_left_behind(clock, caplog) ->
     assert stalled(runner.metrics) == 1
     loop_for(runner, clock, 30)
     assert "NOT assigned in the consumer" in [w for w in warnings(caplog) if w.startswith("p1")][-1]
+
+
+def test_a_partition_the_consumer_never_fetched_says_its_prefetch_may_be_full(clock, caplog) -> None:
+    # A drain of 384 partitions left some unfetched for 32 s, behind the others' records in the consumer's prefetch.
+    consumer, topic = FakeConsumer(), copier.input_topic
+    runner = runner_on(consumer, clock)
+    consumer.watermarks = {(topic, 0): (0, 50), (topic, 1): (0, 50)}
+    runner._pause(1)
+    loop_for(runner, clock, 31)
+    p0, p1 = (next(w for w in warnings(caplog) if w.startswith(f"p{p} ")) for p in (0, 1))
+    assert "consumer at None" in p0 and NOT_FETCHED_YET in p0
+    assert NOT_FETCHED_YET not in p1  # paused by this process: that is why
 
 
 def test_a_commit_marker_after_the_last_record_is_no_input_waiting(clock, caplog) -> None:
