@@ -64,6 +64,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="liveall",
         )
+        self.unowned = Gauge(
+            "pipeline_unowned_partitions",
+            "Input partitions that no member of the group has owned, in a stable group, for over SESSION_TIMEOUT_MS "
+            "(every process counts the whole group's)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
 
     def _partition_metrics(self, r: CollectorRegistry) -> None:
         """What happens to partitions and records: fences, losses, dead letters, errors, restores, lag."""

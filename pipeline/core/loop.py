@@ -22,9 +22,11 @@ from pipeline.core.queries import Queries, serve_promptly
 from pipeline.core.schedule import Schedule
 from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.endpoint import health_server
+from pipeline.kafka.coverage import GroupCoverage
+from pipeline.kafka.kafka_python import member_remover
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
-from pipeline.settings import CONSUMER, Settings, live_timeout_ms
+from pipeline.settings import CLASSIC, CONSUMER, ConfigError, Settings, live_timeout_ms
 
 log = logging.getLogger(__name__)
 # Longest wait for the first record when no commit is due sooner: how often an idle loop looks at its timers (drops,
@@ -95,6 +97,7 @@ class Input(NamedTuple):
 
 class PollLoop:
     consumer: Consumer | None
+    app_id: str  # the group's id
     input_topic: str
     # On a lost partition (membership expired): the Kafka runner must not commit (someone else may own it);
     # the PostgreSQL runner may try, because its epoch check decides.
@@ -116,6 +119,7 @@ class PollLoop:
         self._turned_at = time.monotonic()  # the poll loop's last turn: /live
         self.on_join: Callable[[str], None] = lambda member_id: None  # after every (re)join: the member id
         self.loop_watch = LoopWatch(settings.stall_warning_ms, lambda: self._turned_at)
+        self.coverage: GroupCoverage | None = None  # run() makes it: the group's id is the runner's
 
     def run(self) -> None:
         self.open()
@@ -131,6 +135,7 @@ class PollLoop:
         health = health_server(self.settings, self.metrics, self.is_ready, self.is_live, routes)  # before subscribing
         if health is not None:
             health.start()
+        self.coverage = self._group_coverage()
         self.input.subscribe(
             [self.input_topic], on_assign=self._assigned, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
@@ -195,6 +200,20 @@ class PollLoop:
                         self.metrics.lag.labels(str(p)).set(lag)
         self.stall.look({p: self._seen(p, o, inputs[p]) for p, o in owned.items()})
         self._ask_ends(owned, inputs)
+        if self.coverage is not None and (admin := self._admin_client()) is not None:
+            self.coverage.look(admin, self.input.memberid() or "")
+
+    def _group_coverage(self) -> GroupCoverage:
+        """The look for input partitions nobody owns (pipeline/kafka/coverage.py); under the classic protocol, the
+        member elected to make way removes itself."""
+        s, remove = self.settings, None
+        if s.group_protocol == CLASSIC:
+            try:
+                remove = member_remover(s, self.app_id)
+            except ConfigError as e:  # a security property kafka-python cannot take: said, never fatal here
+                log.warning("input partitions nobody owns will be reported, not repaired: %s", e)
+        bound_s, timeout_s = s.session_timeout_ms / 1000, s.request_timeout_ms / 1000
+        return GroupCoverage(self.app_id, self.input_topic, bound_s, self.metrics.unowned, remove, timeout_s)
 
     def _ask_ends(self, owned: Mapping[int, Lifecycle], inputs: Mapping[int, list[Input]]) -> None:
         """The partitions that have not moved for a period: does one that looks caught up have records waiting (its

@@ -1,5 +1,6 @@
-"""What the runtime asks of kafka-python, where librdkafka cannot do it (the group removal of a silent member:
-pipeline/kafka/liveness.py) or does it slowly (the fence below), and the mapping of the security settings to it.
+"""What the runtime asks of kafka-python, where librdkafka cannot do it (removing a member from the group: a silent
+one, pipeline/kafka/liveness.py; one making way for a rebalance, pipeline/kafka/coverage.py) or does it slowly (the
+fence below), and the mapping of the security settings to it.
 
 A quicker fence of a transactional id whose last producer left a transaction open (issue 22).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.settings import ConfigError, Settings
@@ -89,3 +91,24 @@ def quick_fence(settings: Settings, transactional_id: str) -> None:
         log.info("%s: quick fence failed (%s); the fence goes on without it", transactional_id, e)
     finally:
         producer.close(timeout=1)
+
+
+def member_remover(settings: Settings, group: str) -> Callable[[str, str], str]:
+    """remove(member_id, instance_id) -> the broker's answer for that member (LeaveGroup v3+ through kafka-python;
+    instance_id "" for a dynamic member)."""
+    try:
+        from kafka.admin import KafkaAdminClient, MemberToRemove
+    except ImportError as e:
+        raise ConfigError("removing a member from a group needs kafka-python (pip install kafka-python)") from e
+    config = kafka_python_config(settings)
+    admin: list[Any] = []
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per removal
+
+    def remove(member_id: str, instance_id: str) -> str:
+        if not admin:
+            admin.append(KafkaAdminClient(**config, request_timeout_ms=settings.request_timeout_ms))
+        member = MemberToRemove(member_id=member_id, group_instance_id=instance_id or None)
+        result = admin[0].remove_group_members(group, [member])
+        return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
+
+    return remove

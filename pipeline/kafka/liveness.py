@@ -38,8 +38,8 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
-from pipeline.kafka.kafka_python import kafka_python_config, quick_fence
-from pipeline.settings import ConfigError, Settings
+from pipeline.kafka.kafka_python import member_remover, quick_fence
+from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -170,26 +170,6 @@ class Peers:
         return not new.stopping and now - self.last_heard[successor] <= max(self.bound_s, new.starting_ms / 1000)
 
 
-def group_remover(settings: Settings, group: str) -> Callable[[Beat], str]:
-    """remove(beat) -> the broker's answer for that member (LeaveGroup v3+ through kafka-python)."""
-    try:
-        from kafka.admin import KafkaAdminClient, MemberToRemove
-    except ImportError as e:
-        raise ConfigError("FAILURE_DETECTION_MS needs the package kafka-python (pip install kafka-python)") from e
-    config = kafka_python_config(settings)
-    admin: list[Any] = []
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per removal
-
-    def remove(beat: Beat) -> str:
-        if not admin:
-            admin.append(KafkaAdminClient(**config, request_timeout_ms=settings.request_timeout_ms))
-        member = MemberToRemove(member_id=beat.member_id, group_instance_id=beat.instance_id or None)
-        result = admin[0].remove_group_members(group, [member])
-        return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
-
-    return remove
-
-
 class Announcer:
     """The supervisor's part (pipeline/supervisor.py: `pipeline run --workers N`). It restarts a crashed worker at once
     under the same static id, but the new process beats only once it has imported, connected and checked its topics:
@@ -235,7 +215,10 @@ class Liveness:
         self.beat = Beat(uuid.uuid4().hex, instance_id=settings.group_instance_id, transactional_id=transactional_id)
         self.peers = Peers(self.beat.incarnation, self.bound_ms / 1000)
         self._settings, self._config, self._group, self._topic = settings, dict(client_config), group, topic
-        self._remove = remove or group_remover(settings, group)
+        if remove is None:
+            remove_member = member_remover(settings, group)
+            remove = lambda beat: remove_member(beat.member_id, beat.instance_id)  # noqa: E731
+        self._remove = remove
         self._fence = fence or self._fence_producer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)

@@ -236,6 +236,7 @@ def test_alerts_and_dashboard_use_exported_metrics() -> None:
         "pipeline_restore_duration_seconds",
         "pipeline_ready",
         "pipeline_stalled_partitions",
+        "pipeline_unowned_partitions",
     ):
         assert metric in promql_metric_names(" ".join(alerts.values())), metric
     assert 'pipeline_transactions_total{outcome="aborted"}' in " ".join(alerts.values())

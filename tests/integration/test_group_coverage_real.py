@@ -1,0 +1,142 @@
+"""A partition nobody owns, on a real broker (pipeline/kafka/coverage.py; docs/guarantees.md: no-silent-stall).
+
+The case a CI run found, made on purpose: a static member owning every partition is killed inside the first round
+of a cooperative rebalance (its on_revoke, just after it gave a partition up) and restarted at once under the same
+GROUP_INSTANCE_ID. It takes its place back without a rebalance; nobody asks for the second round, so the partition
+it gave up is nobody's. The runner whose join began the rebalance owns nothing. Its look at the group says so and,
+owning the fewest partitions, it has itself removed from the group: the rebalance that follows gives it the
+partition. Without the look, nobody owns it (the second test: the case is real, not a slow second round)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer
+
+from pipeline import settings
+from pipeline.core.loop import PollLoop
+from pipeline.examples.copier import app as copier
+from pipeline.sinks.kafka.runner import KafkaRunner
+from tests.integration.test_restore import running
+from tests.support import eventually
+
+pytestmark = pytest.mark.kafka
+ROOT = Path(__file__).parents[2]
+SESSION_TIMEOUT_MS = 6_000  # the bound: a partition unowned this long in a stable group is reported
+
+
+def static_member(bootstrap: str, group: str, topic: str, die_on_revoke: bool) -> None:
+    """A plain consumer under the static id "old", printing what it owns; with die_on_revoke, it SIGKILLs itself in
+    its first on_revoke that gives a partition up (between the two rounds of a cooperative rebalance)."""
+
+    def revoked(consumer: Consumer, partitions: list[Any]) -> None:
+        if partitions and die_on_revoke:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def assigned(consumer: Consumer, partitions: list[Any]) -> None:
+        print("owns", *sorted(tp.partition for tp in partitions), flush=True)  # before they are added
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.instance.id": "old",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": SESSION_TIMEOUT_MS,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic], on_assign=assigned, on_revoke=revoked)
+    while True:
+        consumer.poll(0.2)
+
+
+@pytest.fixture
+def members(tmp_path: Path) -> Iterator[Any]:
+    """start(die_on_revoke) -> (the process, its output file); all killed at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(bootstrap: str, group: str, topic: str, die_on_revoke: bool) -> tuple[subprocess.Popen[bytes], Path]:
+        out = tmp_path / f"member-{len(started)}.out"
+        call = f"static_member({bootstrap!r}, {group!r}, {topic!r}, {die_on_revoke})"
+        code = f"from tests.integration.test_group_coverage_real import static_member; {call}"
+        started.append(subprocess.Popen([sys.executable, "-c", code], stdout=out.open("w"), cwd=ROOT))
+        return started[-1], out
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait(10)
+
+
+def said(out: Path) -> list[str]:
+    return out.read_text().splitlines()
+
+
+def owned(runner: PollLoop) -> list[int]:
+    return sorted(runner._owned_partitions())
+
+
+def orphan_one(bootstrap: str, runner: KafkaRunner, start_member: Any, old: tuple[Any, Path]) -> int:
+    """The runner is running and has joined the group of `old`, which owned all 3 partitions and dies in the first
+    round; its successor takes 2 back without a rebalance. The partition left over, which nobody owns."""
+    process, _ = old
+    assert process.wait(60) == -signal.SIGKILL  # in its on_revoke: the runner's join began the rebalance
+    _, out = start_member(bootstrap, runner.app_id, runner.input_topic, False)
+    eventually(lambda: len(said(out)) > 0, 60)
+    taken_back = [int(p) for p in said(out)[0].split()[1:]]
+    assert len(taken_back) == 2, taken_back
+    return ({0, 1, 2} - set(taken_back)).pop()
+
+
+def config(bootstrap: str, new_topic: Any) -> settings.Settings:
+    return settings.load(
+        env={},
+        bootstrap_servers=bootstrap,
+        app_id=f"coverage-{uuid.uuid4().hex[:8]}",
+        input_topic=new_topic("in", partitions=3),
+        output_topic=new_topic("out", partitions=3),
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=1_000,
+        group_instance_id="runner",
+    )
+
+
+def test_a_partition_nobody_owns_is_reported_and_the_member_owning_fewest_makes_way(
+    kafka_bootstrap: str, new_topic: Any, members: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "pipeline")
+    runner = KafkaRunner(copier, config(kafka_bootstrap, new_topic))
+    old = members(kafka_bootstrap, runner.app_id, runner.input_topic, True)
+    eventually(lambda: said(old[1]) == ["owns 0 1 2"], 60)
+    with running(runner):
+        unowned = orphan_one(kafka_bootstrap, runner, members, old)
+        eventually(lambda: owned(runner) == [unowned], 60)
+    assert runner.coverage is not None and runner.coverage.removals == ["runner"]
+    warnings = [r.getMessage() for r in caplog.records if "no member of group" in r.getMessage()]
+    assert warnings and f"[{unowned}]: no member of group {runner.app_id} owns them" in warnings[0], warnings
+    assert "Member runner (owning 0) leaves the group to start a rebalance" in warnings[0]
+    assert "member runner removed itself from group" in caplog.text
+
+
+def test_without_the_look_the_partition_stays_unowned(
+    kafka_bootstrap: str, new_topic: Any, members: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PollLoop, "_group_coverage", lambda self: None)
+    runner = KafkaRunner(copier, config(kafka_bootstrap, new_topic))
+    old = members(kafka_bootstrap, runner.app_id, runner.input_topic, True)
+    eventually(lambda: said(old[1]) == ["owns 0 1 2"], 60)
+    with running(runner):
+        orphan_one(kafka_bootstrap, runner, members, old)
+        deadline = SESSION_TIMEOUT_MS / 1000 * 3
+        with pytest.raises(AssertionError):
+            eventually(lambda: owned(runner) != [], deadline)
