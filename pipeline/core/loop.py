@@ -23,7 +23,7 @@ from pipeline.core.schedule import Schedule
 from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.endpoint import health_server
 from pipeline.kafka.coverage import GroupCoverage
-from pipeline.kafka.kafka_python import member_remover
+from pipeline.kafka.kafka_python import GroupAdmin
 from pipeline.kafka.records import Consumed
 from pipeline.metrics import Metrics
 from pipeline.settings import CLASSIC, CONSUMER, ConfigError, Settings, live_timeout_ms
@@ -149,6 +149,8 @@ class PollLoop:
             raise
         finally:
             self.loop_watch.stop()
+            if self.coverage is not None:
+                self.coverage.stop()
             self._shutdown()
             if health:
                 health.stop()
@@ -200,20 +202,22 @@ class PollLoop:
                         self.metrics.lag.labels(str(p)).set(lag)
         self.stall.look({p: self._seen(p, o, inputs[p]) for p, o in owned.items()})
         self._ask_ends(owned, inputs)
-        if self.coverage is not None and (admin := self._admin_client()) is not None:
-            self.coverage.look(admin, self.input.memberid() or "")
+        if self.coverage is not None:
+            self.coverage.member_id = self.input.memberid() or ""
 
-    def _group_coverage(self) -> GroupCoverage:
-        """The look for input partitions nobody owns (pipeline/kafka/coverage.py); under the classic protocol, the
-        member elected to make way removes itself."""
-        s, remove = self.settings, None
-        if s.group_protocol == CLASSIC:
-            try:
-                remove = member_remover(s, self.app_id)
-            except ConfigError as e:  # a security property kafka-python cannot take: said, never fatal here
-                log.warning("input partitions nobody owns will be reported, not repaired: %s", e)
-        bound_s, timeout_s = s.session_timeout_ms / 1000, s.request_timeout_ms / 1000
-        return GroupCoverage(self.app_id, self.input_topic, bound_s, self.metrics.unowned, remove, timeout_s)
+    def _group_coverage(self) -> GroupCoverage | None:
+        """The look for input partitions nobody owns (pipeline/kafka/coverage.py), on a thread of its own: classic
+        protocol only (under KIP-848 the broker reconciles), never fatal to start."""
+        s = self.settings
+        if s.group_protocol != CLASSIC or self._admin_client() is None:  # None: a runner without a broker (tests)
+            return None
+        try:
+            admin = GroupAdmin(s, self.app_id)
+        except ConfigError as e:  # a security property kafka-python cannot take: said, never fatal here
+            log.warning("input partitions nobody owns will not be looked for: %s", e)
+            return None
+        bound_s = s.session_timeout_ms / 1000
+        return GroupCoverage(self.app_id, self.input_topic, bound_s, self.metrics.unowned, admin).start()
 
     def _ask_ends(self, owned: Mapping[int, Lifecycle], inputs: Mapping[int, list[Input]]) -> None:
         """The partitions that have not moved for a period: does one that looks caught up have records waiting (its

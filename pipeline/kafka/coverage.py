@@ -7,14 +7,15 @@ member killed between the two rounds (just after a peer joined) and restarted at
 takes its place back without a rebalance, as static membership promises. Nobody asks for the second round, and the
 partition stays unassigned for as long as the group does not change: 30 s in that run, for ever in a quiet one.
 
-So every process asks the broker, every LOOK_EVERY_S, for the group's assignment and the input's partition count,
-without waiting (the loop reads the answers at a later look). A partition that nobody owns in a stable group for
+So every process asks the broker, every LOOK_EVERY_S, for the group's assignment and the input's partition count, from
+a thread of its own through kafka-python (pipeline/kafka/kafka_python.py: GroupAdmin says why not librdkafka's admin
+client; the loop only hands over its member id). A partition that nobody owns in a stable group for
 longer than SESSION_TIMEOUT_MS (what the group grants a silent member) gets a WARNING and the gauge
 pipeline_unowned_partitions. The member owning the fewest partitions (ties: the smallest name; every process elects
 the same member from the same answer) then has itself removed from the group (KIP-345's removal, which the failure
 detector uses for silent peers): the rebalance that follows assigns the partition, at the cost of the fewest
 partitions any member could give up for one rebalance. Under GROUP_PROTOCOL=consumer (KIP-848) the broker assigns
-and reconciles on its own: the WARNING and the gauge stay, nobody is removed.
+and reconciles on its own, and there is no second round to miss: no look.
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
-from confluent_kafka import ConsumerGroupState, TopicCollection
-from confluent_kafka.admin import AdminClient
 from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
@@ -46,8 +44,14 @@ class Member:
         return self.instance_id or self.member_id
 
 
-# remove(member_id, instance_id) -> the broker's answer (pipeline/kafka/kafka_python.py: member_remover)
-Remove = Callable[[str, str], str]
+class Admin(Protocol):
+    """What the look asks of the group's admin client (pipeline/kafka/kafka_python.py: GroupAdmin)."""
+
+    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]: ...
+
+    def remove(self, member_id: str, instance_id: str) -> str: ...
+
+    def close(self) -> None: ...
 
 
 class GroupCoverage:
@@ -57,38 +61,45 @@ class GroupCoverage:
         topic: str,
         bound_s: float,
         gauge: Gauge,
-        remove: Remove | None,
-        timeout_s: float,
+        admin: Admin,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._group, self._topic, self.bound_s, self._gauge = group, topic, bound_s, gauge
-        self._remove, self._timeout_s, self._clock = remove, timeout_s, clock
-        self._asked_at = float("-inf")
-        self._pending: tuple[Future[Any], Future[Any]] | None = None
+        self._admin, self._clock = admin, clock
+        self.member_id = ""  # this process's, handed over by the poll loop ("" until it joined)
         self.unowned_since: dict[int, float] = {}  # p -> when a look first found it unowned in a stable group
         self._warned_at = self._removed_at = float("-inf")
         self.removals: list[str] = []  # the members this process had removed (itself), for tests
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="group-coverage", daemon=True)
 
-    def look(self, admin: AdminClient, member_id: str) -> None:
-        """Once a second, from the loop: takes in an answer that is done, asks again when one is due."""
-        now = self._clock()
-        if self._pending is not None and all(f.done() for f in self._pending):
-            group, topic = self._pending
-            self._pending = None
-            try:
-                description = group.result()
-                stable = description.state is ConsumerGroupState.STABLE
-                self.judge(stable, _members(description, self._topic), len(topic.result().partitions), member_id, now)
-            except Exception as e:  # the coordinator moving, most often: asked again at the next look
-                log.debug("group coverage: no answer (%s)", e)
-        if self._pending is None and now - self._asked_at >= LOOK_EVERY_S:
-            self._asked_at = now
-            try:
-                group = admin.describe_consumer_groups([self._group], request_timeout=self._timeout_s)[self._group]
-                topics = admin.describe_topics(TopicCollection([self._topic]), request_timeout=self._timeout_s)
-                self._pending = (group, topics[self._topic])
-            except Exception as e:  # never stops the loop
-                log.debug("group coverage: could not ask (%s)", e)
+    def start(self) -> GroupCoverage:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self._admin.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_EVERY_S):
+            self.look()
+
+    def look(self) -> None:
+        """One look: the group's answer judged; no answer (the coordinator moving, a broker down) is logged once,
+        until one comes again, and never stops anything."""
+        try:
+            state, members, partitions = self._admin.describe(self._topic)
+        except Exception as e:
+            if not self._failing:
+                log.info("group coverage: the group's assignment not readable (%s); asked again every 2 s", e)
+            self._failing = True
+            return
+        self._failing = False
+        self.judge(state == "Stable", [Member(*m) for m in members], partitions, self.member_id, self._clock())
 
     def judge(self, stable: bool, members: list[Member], partitions: int, me: str, now: float) -> None:
         """One answer: which partitions nobody owns, since when; a WARNING, and the removal if this process is the
@@ -113,32 +124,18 @@ class GroupCoverage:
                 ",".join(map(str, long_unowned)),
                 self._group,
                 now - min(self.unowned_since[p] for p in long_unowned),
-                f"Member {elected.name} (owning {len(elected.partitions)}) leaves the group to start a rebalance"
-                if self._remove is not None
-                else "The broker assigns them (GROUP_PROTOCOL=consumer); if this lasts, restart one member",
+                f"Member {elected.name} (owning {len(elected.partitions)}) leaves the group to start a rebalance",
             )
-        if self._remove is not None and elected.member_id == me and now - self._removed_at >= self.bound_s:
+        if elected.member_id == me and now - self._removed_at >= self.bound_s:
             self._removed_at = now
             self.removals.append(elected.name)
-            remove = self._remove
-            threading.Thread(target=_removed, args=(remove, self._group, elected), name="coverage", daemon=True).start()
+            self._remove_self(elected)
 
-
-def _members(description: Any, topic: str) -> list[Member]:
-    return [
-        Member(
-            m.member_id,
-            m.group_instance_id or "",
-            frozenset(tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic),
-        )
-        for m in description.members
-    ]
-
-
-def _removed(remove: Remove, group: str, member: Member) -> None:
-    """On a thread of its own: the removal is a broker call, and the loop never waits for one."""
-    try:
-        answer = remove(member.member_id, member.instance_id)
-        log.warning("member %s removed itself from group %s to start a rebalance: %s", member.name, group, answer)
-    except Exception as e:
-        log.error("member %s could not remove itself from group %s: %s", member.name, group, e)
+    def _remove_self(self, member: Member) -> None:
+        try:
+            answer = self._admin.remove(member.member_id, member.instance_id)
+            log.warning(
+                "member %s removed itself from group %s to start a rebalance: %s", member.name, self._group, answer
+            )
+        except Exception as e:
+            log.error("member %s could not remove itself from group %s: %s", member.name, self._group, e)

@@ -93,22 +93,62 @@ def quick_fence(settings: Settings, transactional_id: str) -> None:
         producer.close(timeout=1)
 
 
-def member_remover(settings: Settings, group: str) -> Callable[[str, str], str]:
-    """remove(member_id, instance_id) -> the broker's answer for that member (LeaveGroup v3+ through kafka-python;
-    instance_id "" for a dynamic member)."""
-    try:
-        from kafka.admin import KafkaAdminClient, MemberToRemove
-    except ImportError as e:
-        raise ConfigError("removing a member from a group needs kafka-python (pip install kafka-python)") from e
-    config = kafka_python_config(settings)
-    admin: list[Any] = []
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per removal
+class GroupAdmin:
+    """kafka-python's admin client for one consumer group, made at its first use: what librdkafka's admin cannot do
+    (remove a member) or cannot do safely while brokers die (describe the group: librdkafka 2.16's coordinator
+    look-up aborted both instances of a broker fault run, `rd_kafka_enq_once_del_source_return: Assertion
+    eonce->refcnt > 0`, when the coordinator's broker went down under a DescribeConsumerGroups every 2 s). Blocking:
+    call it from a thread of its own, never from the poll loop."""
 
-    def remove(member_id: str, instance_id: str) -> str:
-        if not admin:
-            admin.append(KafkaAdminClient(**config, request_timeout_ms=settings.request_timeout_ms))
-        member = MemberToRemove(member_id=member_id, group_instance_id=instance_id or None)
-        result = admin[0].remove_group_members(group, [member])
+    def __init__(self, settings: Settings, group: str) -> None:
+        try:
+            from kafka.admin import KafkaAdminClient, MemberToRemove
+        except ImportError as e:
+            raise ConfigError("removing a member from a group needs kafka-python (pip install kafka-python)") from e
+        self._new_admin, self._member_to_remove = KafkaAdminClient, MemberToRemove
+        self._config = {**kafka_python_config(settings), "request_timeout_ms": settings.request_timeout_ms}
+        self._group = group
+        self._admin: Any = None
+        logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per call
+
+    def remove(self, member_id: str, instance_id: str) -> str:
+        """The broker's answer to removing that member (LeaveGroup v3+; instance_id "" for a dynamic member)."""
+        member = self._member_to_remove(member_id=member_id, group_instance_id=instance_id or None)
+        result = self._client().remove_group_members(self._group, [member])
         return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
 
-    return remove
+    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
+        """The group's state ("Stable", ...), each member's (member id, instance id or "", its partitions of
+        `topic`), and `topic`'s partition count."""
+        client = self._client()
+        group = client.describe_groups([self._group])[self._group]
+        members = [
+            (
+                m["member_id"],
+                m.get("group_instance_id") or "",
+                frozenset(
+                    p
+                    for assigned in (m.get("member_assignment") or {}).get("assigned_partitions", [])
+                    if assigned["topic"] == topic
+                    for p in assigned["partitions"]
+                ),
+            )
+            for m in group.get("members", [])
+        ]
+        (described,) = client.describe_topics([topic])
+        return group["group_state"], members, len(described["partitions"])
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            self._admin = self._new_admin(**self._config)
+        return self._admin
+
+
+def member_remover(settings: Settings, group: str) -> Callable[[str, str], str]:
+    """remove(member_id, instance_id) -> the broker's answer for that member."""
+    return GroupAdmin(settings, group).remove

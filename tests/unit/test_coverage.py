@@ -9,20 +9,34 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from pipeline.kafka.coverage import GroupCoverage, Member
-from tests.support import eventually
 
 BOUND_S = 10.0
 
 
-def coverage(removed: list[tuple[str, str]] | None) -> tuple[GroupCoverage, Gauge]:
-    gauge = Gauge("unowned", "", registry=CollectorRegistry())
+class FakeAdmin:
+    """Answers as told; records the removals."""
 
-    def remove(member_id: str, instance_id: str) -> str:
-        assert removed is not None
-        removed.append((member_id, instance_id))
+    def __init__(self, answer: tuple[str, list[tuple[str, str, frozenset[int]]], int] | Exception) -> None:
+        self.answer = answer
+        self.removed: list[tuple[str, str]] = []
+
+    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def remove(self, member_id: str, instance_id: str) -> str:
+        self.removed.append((member_id, instance_id))
         return "NoError"
 
-    return GroupCoverage("g", "in", BOUND_S, gauge, remove if removed is not None else None, 5.0), gauge
+    def close(self) -> None:
+        pass
+
+
+def coverage(admin: FakeAdmin | None = None) -> tuple[GroupCoverage, Gauge, FakeAdmin]:
+    gauge = Gauge("unowned", "", registry=CollectorRegistry())
+    admin = admin or FakeAdmin(("Stable", [], 0))
+    return GroupCoverage("g", "in", BOUND_S, gauge, admin), gauge, admin
 
 
 def member(member_id: str, *partitions: int, instance_id: str = "") -> Member:
@@ -34,26 +48,23 @@ ORPHANED = [member("m-a", 1, 2, instance_id="a"), member("m-b", instance_id="b")
 
 
 def test_a_partition_unowned_for_less_than_the_bound_is_left_to_the_rebalance_under_way() -> None:
-    removed: list[tuple[str, str]] = []
-    look, gauge = coverage(removed)
+    look, gauge, admin = coverage()
     look.judge(True, ORPHANED, 3, "m-b", now=100.0)
     look.judge(True, ORPHANED, 3, "m-b", now=100.0 + BOUND_S - 0.1)
-    assert look.unowned_since == {0: 100.0} and gauge._value.get() == 0 and removed == []
+    assert look.unowned_since == {0: 100.0} and gauge._value.get() == 0 and admin.removed == []
 
 
 def test_past_the_bound_it_is_said_counted_and_the_member_owning_fewest_removes_itself(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, "pipeline")
-    removed: list[tuple[str, str]] = []
-    look, gauge = coverage(removed)
+    look, gauge, admin = coverage()
     look.judge(True, ORPHANED, 3, "m-b", now=100.0)
     look.judge(True, ORPHANED, 3, "m-b", now=100.0 + BOUND_S)
-    assert gauge._value.get() == 1 and look.removals == ["b"]
-    eventually(lambda: removed == [("m-b", "b")], 5)
+    assert gauge._value.get() == 1 and look.removals == ["b"] and admin.removed == [("m-b", "b")]
     assert "in[0]: no member of group g owns them, for over 10 s" in caplog.text
     assert "Member b (owning 0) leaves the group to start a rebalance" in caplog.text
-    eventually(lambda: "member b removed itself from group g to start a rebalance: NoError" in caplog.text, 5)
+    assert "member b removed itself from group g to start a rebalance: NoError" in caplog.text
     # Not again before another bound: the rebalance it started needs its time.
     look.judge(True, ORPHANED, 3, "m-b", now=100.0 + BOUND_S + 2)
     assert look.removals == ["b"]
@@ -62,8 +73,7 @@ def test_past_the_bound_it_is_said_counted_and_the_member_owning_fewest_removes_
 
 
 def test_only_the_elected_member_acts_and_ties_go_to_the_smallest_name() -> None:
-    removed: list[tuple[str, str]] = []
-    look, _ = coverage(removed)
+    look, _, _ = coverage()
     tied = [member("m-2", 1), member("m-1", 2), member("m-3", 3, 4)]  # p0 nobody's; m-1 and m-2 own one each
     for now in (0.0, BOUND_S):
         look.judge(True, tied, 5, "m-2", now=now)
@@ -73,7 +83,7 @@ def test_only_the_elected_member_acts_and_ties_go_to_the_smallest_name() -> None
 
 
 def test_a_group_rebalancing_or_owning_everything_resets_the_watch() -> None:
-    look, gauge = coverage([])
+    look, gauge, _ = coverage()
     look.judge(True, ORPHANED, 3, "m-a", now=0.0)
     look.judge(False, ORPHANED, 3, "m-a", now=BOUND_S)  # a rebalance under way assigns it
     assert look.unowned_since == {} and gauge._value.get() == 0
@@ -83,11 +93,17 @@ def test_a_group_rebalancing_or_owning_everything_resets_the_watch() -> None:
     assert look.unowned_since == {} and gauge._value.get() == 0
 
 
-def test_without_a_removal_it_is_said_and_counted_only(caplog: pytest.LogCaptureFixture) -> None:
-    """GROUP_PROTOCOL=consumer: the broker assigns."""
-    caplog.set_level(logging.WARNING, "pipeline")
-    look, gauge = coverage(None)
-    for now in (0.0, BOUND_S):
-        look.judge(True, ORPHANED, 3, "m-b", now=now)
-    assert gauge._value.get() == 1 and look.removals == []
-    assert "The broker assigns them (GROUP_PROTOCOL=consumer); if this lasts, restart one member" in caplog.text
+def test_a_look_reads_the_admin_answer_and_an_unreadable_group_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "pipeline")
+    answer = ("Stable", [("m-a", "a", frozenset({1, 2})), ("m-b", "b", frozenset())], 3)
+    clock = iter([0.0, BOUND_S])
+    admin = FakeAdmin(answer)
+    look = GroupCoverage("g", "in", BOUND_S, Gauge("u", "", registry=CollectorRegistry()), admin, lambda: next(clock))
+    look.member_id = "m-b"
+    look.look()
+    look.look()
+    assert admin.removed == [("m-b", "b")]
+    admin.answer = RuntimeError("coordinator moved")
+    look.look()
+    look.look()
+    assert caplog.text.count("group coverage: the group's assignment not readable (coordinator moved)") == 1
