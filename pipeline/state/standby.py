@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from pipeline.kafka.offsets import EndOffsetsTimeout, OffsetsTruncated
 from pipeline.kafka.records import Consumed
@@ -42,6 +41,9 @@ from pipeline.state.disk_store import StoreFull
 from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 
 log = logging.getLogger(__name__)
+# () -> the group's state, each member's (member id, instance id, partitions of the input), the input's partition count
+# (pipeline/kafka/kafka_python.py: GroupAdmin.describe)
+Describe = Callable[[], tuple[str, list[tuple[str, str, frozenset[int]]], int]]
 PLACE_EVERY_S = 2.0  # how often the group's assignment is asked for (a rebalance moves copies within this)
 FOLLOW_BATCH = 10_000  # changelog records read per consume
 # Copies warming up at once: each holds two consumers while it runs, and at start-up every copy is placed at once
@@ -71,19 +73,23 @@ class Standbys:
     def __init__(
         self,
         replicas: int,
-        group: str,
-        input_topic: str,
         changelog_topic: str,
         warm_up: Callable[[int], ChangelogRestore],
         make_consumer: Callable[[], Consumer],
-        admin: AdminClient,
+        describe: Describe,
         member_id: Callable[[], str],
-        request_timeout_s: float,
         on_count: Callable[[int], None] = lambda copies: None,
     ) -> None:
-        self.replicas, self._group, self._input_topic, self._topic = replicas, group, input_topic, changelog_topic
-        self._warm_up, self._make_consumer, self._admin, self._member_id = warm_up, make_consumer, admin, member_id
-        self._request_timeout_s = request_timeout_s
+        self.replicas, self._topic = replicas, changelog_topic
+        self._warm_up, self._make_consumer, self._describe, self._member_id = (
+            warm_up,
+            make_consumer,
+            describe,
+            member_id,
+        )
+        # The group's assignment is asked for on a thread of this pool, through kafka-python (GroupAdmin): librdkafka
+        # 2.16's admin client aborted the process asking it while the coordinator's broker died.
+        self._asking = ThreadPoolExecutor(1, thread_name_prefix="standby-placement")
         self._on_count = on_count  # told the number of warm copies whenever it changes (the gauge)
         self.copies: dict[int, StandbyCopy] = {}  # warm, followed
         self.warming: dict[int, ChangelogRestore] = {}
@@ -122,6 +128,7 @@ class Standbys:
         if self._follower is not None:
             self._follower.close()
             self._follower = None
+        self._asking.shutdown(wait=False)
 
     # -- placement ---------------------------------------------------------------------------------------------------
     def _place(self, owned: Collection[int]) -> None:
@@ -134,9 +141,7 @@ class Standbys:
                 log.warning("standby placement: the group's assignment not readable (%s); asking again", e)
         if self._asked is None and now >= self._next_ask:
             self._next_ask = now + PLACE_EVERY_S
-            self._asked = self._admin.describe_consumer_groups([self._group], request_timeout=self._request_timeout_s)[
-                self._group
-            ]
+            self._asked = self._asking.submit(self._describe)
         for p in [p for p in (*self.copies, *self.warming) if self._placed_elsewhere(p, owned)]:
             log.info("p%d: standby copy dropped (no longer placed here)", p)
             self._drop(p)
@@ -150,13 +155,13 @@ class Standbys:
         owner just died, the group is rebalancing) keeps its copy: that is when the copy is needed."""
         return p in owned or (p in self._owned_by_members and p not in self.wanted)
 
-    def _placed_here(self, description: Any) -> tuple[set[int], set[int]]:
+    def _placed_here(self, answer: tuple[str, list[tuple[str, str, frozenset[int]]], int]) -> tuple[set[int], set[int]]:
         """(the partitions placed here, every partition some member owns) per the group's answer."""
         me, owners = "", {}
-        for member in description.members:
-            name = member.group_instance_id or member.member_id
-            owners[name] = [tp.partition for tp in member.assignment.topic_partitions if tp.topic == self._input_topic]
-            if member.member_id == self._member_id():
+        for member_id, instance_id, partitions in answer[1]:
+            name = instance_id or member_id
+            owners[name] = sorted(partitions)
+            if member_id == self._member_id():
                 me = name
         owned = {p for partitions in owners.values() for p in partitions}
         return standby_partitions(owners, me, self.replicas), owned

@@ -89,14 +89,11 @@ def test_a_copy_follows_the_changelog_and_a_copy_behind_promotes_to_the_full_res
     follower = {**restore_consumer_config(s, f"{app_id}.standby"), "fetch.wait.max.ms": 50}
     standbys = Standbys(
         1,
-        app_id,
-        app.input_topic,
         f"{app_id}-changelog",
         manager.warm_up,
         lambda: Consumer(follower),
-        AdminClient({"bootstrap.servers": kafka_bootstrap}),
+        lambda: ("Stable", [], 3),
         lambda: "",
-        10,
     )
     try:
         eventually(lambda: standbys.step((), 0.1) or 0 in standbys.copies, timeout_s=60, interval_s=0.05)

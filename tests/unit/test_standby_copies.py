@@ -57,7 +57,7 @@ class _NullConsumer:
 
 
 def _standbys(state: PartitionState | None = None) -> Standbys:
-    standbys = Standbys(1, "g", "in", "cl", None, _NullConsumer, None, lambda: "", 1)  # type: ignore[arg-type]
+    standbys = Standbys(1, "cl", None, _NullConsumer, None, lambda: "")  # type: ignore[arg-type]
     standbys._follower = _NullConsumer()  # type: ignore[assignment]
     standbys.copies[0] = StandbyCopy(0, PartitionState(JSON) if state is None else state, 10, None, None)
     return standbys
@@ -158,26 +158,16 @@ def test_standby_replicas_must_be_from_0_to_8() -> None:
 
 
 class _Answer:
-    """describe_consumer_groups' future and description, for one answer."""
+    """The placement's future of the group's answer (GroupAdmin.describe), done."""
 
     def __init__(self, members: dict[str, list[int]]) -> None:
-        tp = type("TP", (), {})
-        self.members = []
-        for name, partitions in members.items():
-            assignment = type("A", (), {"topic_partitions": [_tp(tp, "in", p) for p in partitions]})
-            self.members.append(type("M", (), {"member_id": name, "group_instance_id": None, "assignment": assignment}))
+        self.answer = ("Stable", [(name, "", frozenset(partitions)) for name, partitions in members.items()], 200)
 
     def done(self) -> bool:
         return True
 
-    def result(self) -> _Answer:
-        return self
-
-
-def _tp(kind: type, topic: str, partition: int) -> Any:
-    made = kind()
-    made.topic, made.partition = topic, partition
-    return made
+    def result(self) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
+        return self.answer
 
 
 def test_a_copy_whose_owner_just_died_is_kept_through_the_rebalance_and_dropped_once_placed_elsewhere() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -19,12 +20,13 @@ from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, restore_consumer_config
 from pipeline.kafka.errors import kafka_error
+from pipeline.kafka.kafka_python import GroupAdmin
 from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff, retry
-from pipeline.settings import PER_PROCESS, Settings
+from pipeline.settings import PER_PROCESS, ConfigError, Settings
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
@@ -227,16 +229,20 @@ class TakeOver:
             return None
         # Followed partitions sit at their changelog's end: a fetch waits up to 200 ms there, not the restore's 10.
         config = {**restore_consumer_config(s, f"{self.app_id}.standby"), "fetch.wait.max.ms": 200}
+        try:
+            group = GroupAdmin(s, self.app_id)
+        except ConfigError as e:  # a security property kafka-python cannot take
+            log.warning(
+                "STANDBY_REPLICAS=%d is ignored: the group's assignment cannot be read (%s)", s.standby_replicas, e
+            )
+            return None
         return Standbys(
             s.standby_replicas,
-            self.app_id,
-            self.input_topic,
             self.changelog_topic,
             self.restores.warm_up,
             lambda: Consumer(config),
-            AdminClient(client_config(s)),
+            partial(group.describe, self.input_topic),
             lambda: self._member_id,
-            s.request_timeout_ms / 1000,
             self.metrics.standby_copies.set,
         )
 
