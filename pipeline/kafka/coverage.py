@@ -29,6 +29,8 @@ from typing import Protocol
 
 from prometheus_client import Gauge
 
+from pipeline.kafka.kafka_python import GroupAnswer
+
 log = logging.getLogger(__name__)
 LOOK_EVERY_S = 2.0
 
@@ -47,7 +49,7 @@ class Member:
 class Admin(Protocol):
     """What the look asks of the group's admin client (pipeline/kafka/kafka_python.py: GroupAdmin)."""
 
-    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]: ...
+    def describe(self, topic: str) -> GroupAnswer: ...
 
     def remove(self, member_id: str, instance_id: str) -> str: ...
 
@@ -55,6 +57,8 @@ class Admin(Protocol):
 
 
 class GroupCoverage:
+    """The look, every LOOK_EVERY_S on a thread of its own: `judge` decides from each answer."""
+
     def __init__(
         self,
         group: str,

@@ -93,6 +93,11 @@ def quick_fence(settings: Settings, transactional_id: str) -> None:
         producer.close(timeout=1)
 
 
+# The group's state ("Stable", ...), each member's (member id, instance id or "", its partitions of one topic), and that
+# topic's partition count: GroupAdmin.describe
+GroupAnswer = tuple[str, list[tuple[str, str, frozenset[int]]], int]
+
+
 class GroupAdmin:
     """kafka-python's admin client for one consumer group, made at its first use: what librdkafka's admin cannot do
     (remove a member) or cannot do safely while brokers die (describe the group: librdkafka 2.16's coordinator
@@ -117,9 +122,8 @@ class GroupAdmin:
         result = self._client().remove_group_members(self._group, [member])
         return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
 
-    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
-        """The group's state ("Stable", ...), each member's (member id, instance id or "", its partitions of
-        `topic`), and `topic`'s partition count."""
+    def describe(self, topic: str) -> GroupAnswer:
+        """The group's members and their partitions of `topic` (GroupAnswer)."""
         client = self._client()
         group = client.describe_groups([self._group])[self._group]
         members = [

@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from pipeline.kafka.kafka_python import GroupAnswer
 from pipeline.kafka.offsets import EndOffsetsTimeout, OffsetsTruncated
 from pipeline.kafka.records import Consumed
 from pipeline.state.changelog_apply import changelog_entries
@@ -41,9 +42,7 @@ from pipeline.state.disk_store import StoreFull
 from pipeline.state.restore import ChangelogRestore, RestoreError, StandbyCopy
 
 log = logging.getLogger(__name__)
-# () -> the group's state, each member's (member id, instance id, partitions of the input), the input's partition count
-# (pipeline/kafka/kafka_python.py: GroupAdmin.describe)
-Describe = Callable[[], tuple[str, list[tuple[str, str, frozenset[int]]], int]]
+Describe = Callable[[], GroupAnswer]  # the group's members and their input partitions: GroupAdmin.describe
 PLACE_EVERY_S = 2.0  # how often the group's assignment is asked for (a rebalance moves copies within this)
 FOLLOW_BATCH = 10_000  # changelog records read per consume
 # Copies warming up at once: each holds two consumers while it runs, and at start-up every copy is placed at once
@@ -155,7 +154,7 @@ class Standbys:
         owner just died, the group is rebalancing) keeps its copy: that is when the copy is needed."""
         return p in owned or (p in self._owned_by_members and p not in self.wanted)
 
-    def _placed_here(self, answer: tuple[str, list[tuple[str, str, frozenset[int]]], int]) -> tuple[set[int], set[int]]:
+    def _placed_here(self, answer: GroupAnswer) -> tuple[set[int], set[int]]:
         """(the partitions placed here, every partition some member owns) per the group's answer."""
         me, owners = "", {}
         for member_id, instance_id, partitions in answer[1]:
