@@ -6,7 +6,7 @@ then assign, then restore (docs/guarantees.md: fence-first)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
@@ -20,13 +20,13 @@ from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, restore_consumer_config
 from pipeline.kafka.errors import kafka_error
-from pipeline.kafka.kafka_python import GroupAdmin
+from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer
 from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff, retry
-from pipeline.settings import PER_PROCESS, ConfigError, Settings
+from pipeline.settings import CONSUMER, PER_PROCESS, ConfigError, Settings
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
@@ -229,22 +229,35 @@ class TakeOver:
             return None
         # Followed partitions sit at their changelog's end: a fetch waits up to 200 ms there, not the restore's 10.
         config = {**restore_consumer_config(s, f"{self.app_id}.standby"), "fetch.wait.max.ms": 200}
-        try:
-            group = GroupAdmin(s, self.app_id)
-        except ConfigError as e:  # a security property kafka-python cannot take
-            log.warning(
-                "STANDBY_REPLICAS=%d is ignored: the group's assignment cannot be read (%s)", s.standby_replicas, e
-            )
+        describe = self._group_describer()
+        if describe is None:
             return None
         return Standbys(
             s.standby_replicas,
             self.changelog_topic,
             self.restores.warm_up,
             lambda: Consumer(config),
-            partial(group.describe, self.input_topic),
+            describe,
             lambda: self._member_id,
             self.metrics.standby_copies.set,
         )
+
+    def _group_describer(self) -> Callable[[], GroupAnswer] | None:
+        """How the standby placement reads the group's assignment, on its own thread. Classic protocol: kafka-python
+        (GroupAdmin: librdkafka 2.16's admin client aborted the process reading it while the coordinator's broker
+        died). GROUP_PROTOCOL=consumer: librdkafka's, the one that speaks KIP-848's ConsumerGroupDescribe (kafka-python
+        does not). None, said, when kafka-python cannot take a security property."""
+        s = self.settings
+        if s.group_protocol == CONSUMER:
+            admin, group, topic, timeout_s = self.admin, self.app_id, self.input_topic, s.request_timeout_ms / 1000
+            return lambda: described_by_librdkafka(admin, group, topic, timeout_s)
+        try:
+            return partial(GroupAdmin(s, self.app_id).describe, self.input_topic)
+        except ConfigError as e:
+            log.warning(
+                "STANDBY_REPLICAS=%d is ignored: the group's assignment cannot be read (%s)", s.standby_replicas, e
+            )
+            return None
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._take_over([tp.partition for tp in partitions], reassign=False)
@@ -370,3 +383,17 @@ class TakeOver:
 
     def _topic_partitions(self, p: int) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t in self.topics]
+
+
+def described_by_librdkafka(admin: AdminClient, group: str, topic: str, timeout_s: float) -> GroupAnswer:
+    """GroupAdmin.describe's answer, asked through librdkafka's admin client (blocking: call it off the loop)."""
+    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
+    members = [
+        (
+            m.member_id,
+            m.group_instance_id or "",
+            frozenset(tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic),
+        )
+        for m in description.members
+    ]
+    return str(description.state), members, 0  # the partition count: not asked, the placement needs none
