@@ -24,26 +24,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import Gauge
 
-from pipeline.kafka.kafka_python import GroupAnswer
+from pipeline.kafka.kafka_python import GroupAnswer, GroupMember
 
 log = logging.getLogger(__name__)
 LOOK_EVERY_S = 2.0
-
-
-@dataclass(frozen=True)
-class Member:
-    member_id: str
-    instance_id: str  # "" for a dynamic member
-    partitions: frozenset[int]  # of the input topic
-
-    @property
-    def name(self) -> str:
-        return self.instance_id or self.member_id
 
 
 class Admin(Protocol):
@@ -103,9 +91,9 @@ class GroupCoverage:
             self._failing = True
             return
         self._failing = False
-        self.judge(state == "Stable", [Member(*m) for m in members], partitions, self.member_id, self._clock())
+        self.judge(state == "Stable", members, partitions, self.member_id, self._clock())
 
-    def judge(self, stable: bool, members: list[Member], partitions: int, me: str, now: float) -> None:
+    def judge(self, stable: bool, members: list[GroupMember], partitions: int, me: str, now: float) -> None:
         """One answer: which partitions nobody owns, since when; a WARNING, and the removal if this process is the
         one elected to make way."""
         if not stable or not members:  # a rebalance under way assigns them; an empty group has no one to
@@ -135,7 +123,7 @@ class GroupCoverage:
             self.removals.append(elected.name)
             self._remove_self(elected)
 
-    def _remove_self(self, member: Member) -> None:
+    def _remove_self(self, member: GroupMember) -> None:
         try:
             answer = self._admin.remove(member.member_id, member.instance_id)
             log.warning(

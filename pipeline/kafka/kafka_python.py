@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.settings import ConfigError, Settings
 
@@ -93,9 +92,19 @@ def quick_fence(settings: Settings, transactional_id: str) -> None:
         producer.close(timeout=1)
 
 
-# The group's state ("Stable", ...), each member's (member id, instance id or "", its partitions of one topic), and that
-# topic's partition count: GroupAdmin.describe
-GroupAnswer = tuple[str, list[tuple[str, str, frozenset[int]]], int]
+class GroupMember(NamedTuple):
+    member_id: str
+    instance_id: str  # "" for a dynamic member
+    partitions: frozenset[int]  # of the one topic asked about
+
+    @property
+    def name(self) -> str:
+        """What the group calls it for good: its static id, else its member id."""
+        return self.instance_id or self.member_id
+
+
+# The group's state ("Stable", ...), its members, and the topic's partition count: GroupAdmin.describe
+GroupAnswer = tuple[str, list[GroupMember], int]
 
 
 class GroupAdmin:
@@ -127,7 +136,7 @@ class GroupAdmin:
         client = self._client()
         group = client.describe_groups([self._group])[self._group]
         members = [
-            (
+            GroupMember(
                 m["member_id"],
                 m.get("group_instance_id") or "",
                 frozenset(
@@ -151,8 +160,3 @@ class GroupAdmin:
         if self._admin is None:
             self._admin = self._new_admin(**self._config)
         return self._admin
-
-
-def member_remover(settings: Settings, group: str) -> Callable[[str, str], str]:
-    """remove(member_id, instance_id) -> the broker's answer for that member."""
-    return GroupAdmin(settings, group).remove

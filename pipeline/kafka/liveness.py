@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
-from pipeline.kafka.kafka_python import member_remover, quick_fence
+from pipeline.kafka.kafka_python import GroupAdmin, quick_fence
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -216,8 +216,8 @@ class Liveness:
         self.peers = Peers(self.beat.incarnation, self.bound_ms / 1000)
         self._settings, self._config, self._group, self._topic = settings, dict(client_config), group, topic
         if remove is None:
-            remove_member = member_remover(settings, group)
-            remove = lambda beat: remove_member(beat.member_id, beat.instance_id)  # noqa: E731
+            admin = GroupAdmin(settings, group)
+            remove = lambda beat: admin.remove(beat.member_id, beat.instance_id)  # noqa: E731
         self._remove = remove
         self._fence = fence or self._fence_producer
         self._stop = threading.Event()

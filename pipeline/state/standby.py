@@ -86,8 +86,8 @@ class Standbys:
             describe,
             member_id,
         )
-        # The group's assignment is asked for on a thread of this pool, through kafka-python (GroupAdmin): librdkafka
-        # 2.16's admin client aborted the process asking it while the coordinator's broker died.
+        # The group's assignment is asked for on a thread of this pool: `describe` blocks (TakeOver._group_describer
+        # says which client asks, and why not librdkafka's under the classic protocol).
         self._asking = ThreadPoolExecutor(1, thread_name_prefix="standby-placement")
         self._on_count = on_count  # told the number of warm copies whenever it changes (the gauge)
         self.copies: dict[int, StandbyCopy] = {}  # warm, followed
@@ -157,11 +157,10 @@ class Standbys:
     def _placed_here(self, answer: GroupAnswer) -> tuple[set[int], set[int]]:
         """(the partitions placed here, every partition some member owns) per the group's answer."""
         me, owners = "", {}
-        for member_id, instance_id, partitions in answer[1]:
-            name = instance_id or member_id
-            owners[name] = sorted(partitions)
-            if member_id == self._member_id():
-                me = name
+        for member in answer[1]:
+            owners[member.name] = sorted(member.partitions)
+            if member.member_id == self._member_id():
+                me = member.name
         owned = {p for partitions in owners.values() for p in partitions}
         return standby_partitions(owners, me, self.replicas), owned
 

@@ -8,7 +8,8 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from pipeline.kafka.coverage import GroupCoverage, Member
+from pipeline.kafka.coverage import GroupCoverage
+from pipeline.kafka.kafka_python import GroupAnswer, GroupMember
 
 BOUND_S = 10.0
 
@@ -16,11 +17,11 @@ BOUND_S = 10.0
 class FakeAdmin:
     """Answers as told; records the removals."""
 
-    def __init__(self, answer: tuple[str, list[tuple[str, str, frozenset[int]]], int] | Exception) -> None:
+    def __init__(self, answer: GroupAnswer | Exception) -> None:
         self.answer = answer
         self.removed: list[tuple[str, str]] = []
 
-    def describe(self, topic: str) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
+    def describe(self, topic: str) -> GroupAnswer:
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -39,8 +40,8 @@ def coverage(admin: FakeAdmin | None = None) -> tuple[GroupCoverage, Gauge, Fake
     return GroupCoverage("g", "in", BOUND_S, gauge, admin), gauge, admin
 
 
-def member(member_id: str, *partitions: int, instance_id: str = "") -> Member:
-    return Member(member_id, instance_id, frozenset(partitions))
+def member(member_id: str, *partitions: int, instance_id: str = "") -> GroupMember:
+    return GroupMember(member_id, instance_id, frozenset(partitions))
 
 
 # p0 nobody's: "a" owns 1 and 2, "b" owns nothing
@@ -95,7 +96,7 @@ def test_a_group_rebalancing_or_owning_everything_resets_the_watch() -> None:
 
 def test_a_look_reads_the_admin_answer_and_an_unreadable_group_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "pipeline")
-    answer = ("Stable", [("m-a", "a", frozenset({1, 2})), ("m-b", "b", frozenset())], 3)
+    answer = ("Stable", [member("m-a", 1, 2, instance_id="a"), member("m-b", instance_id="b")], 3)
     clock = iter([0.0, BOUND_S])
     admin = FakeAdmin(answer)
     look = GroupCoverage("g", "in", BOUND_S, Gauge("u", "", registry=CollectorRegistry()), admin, lambda: next(clock))

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 import pipeline.state.standby as standby_module
+from pipeline.kafka.kafka_python import GroupAnswer, GroupMember
 from pipeline.serde import JSON
 from pipeline.settings import ConfigError, Settings
 from pipeline.state import PartitionState
@@ -161,12 +162,12 @@ class _Answer:
     """The placement's future of the group's answer (GroupAdmin.describe), done."""
 
     def __init__(self, members: dict[str, list[int]]) -> None:
-        self.answer = ("Stable", [(name, "", frozenset(partitions)) for name, partitions in members.items()], 200)
+        self.answer: GroupAnswer = ("Stable", [GroupMember(name, "", frozenset(p)) for name, p in members.items()], 200)
 
     def done(self) -> bool:
         return True
 
-    def result(self) -> tuple[str, list[tuple[str, str, frozenset[int]]], int]:
+    def result(self) -> GroupAnswer:
         return self.answer
 
 

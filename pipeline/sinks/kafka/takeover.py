@@ -20,7 +20,7 @@ from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, restore_consumer_config
 from pipeline.kafka.errors import kafka_error
-from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer
+from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer, GroupMember
 from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
@@ -389,7 +389,7 @@ def described_by_librdkafka(admin: AdminClient, group: str, topic: str, timeout_
     """GroupAdmin.describe's answer, asked through librdkafka's admin client (blocking: call it off the loop)."""
     description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
     members = [
-        (
+        GroupMember(
             m.member_id,
             m.group_instance_id or "",
             frozenset(tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic),
