@@ -7,24 +7,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.settings import EXACTLY_ONCE, PER_PARTITION, PER_PROCESS
+from pipeline.settings import EXACTLY_ONCE, PER_PARTITION, PER_PROCESS, Settings
 from tools.bench import partitions, throughput
 
 
 def test_every_runner_mode_runs_once_per_producers_value_and_raw_once() -> None:
-    variants = throughput.mode_variants(["raw", "alo", "eos"], [PER_PARTITION, PER_PROCESS])
-    assert variants == ["raw", "alo", "eos", "alo-per_process", "eos-per_process"]
-    assert throughput.mode_variants(["eos"], [PER_PROCESS]) == ["eos-per_process"]
+    variants = throughput.mode_variants(["raw", "alo", "eos"], [PER_PROCESS, PER_PARTITION])
+    assert variants == ["raw", "alo", "eos", "alo-per_partition", "eos-per_partition"]
+    assert throughput.mode_variants(["eos"], [PER_PARTITION]) == ["eos-per_partition"]
 
 
-def test_a_per_process_mode_makes_a_per_process_runner() -> None:
+def test_a_plain_mode_runs_the_default_producers_and_a_suffixed_one_the_other() -> None:
     cell = throughput.Cell("copier", "100B", "100ms", 10)
-    run = throughput.Run(cell, "eos-per_process", "127.0.0.1:1", "bench-test", {})
+    run = throughput.Run(cell, "eos-per_partition", "127.0.0.1:1", "bench-test", {})
     runner = throughput.make_runner(run)
-    assert (runner.settings.producers, runner.settings.processing_guarantee) == (PER_PROCESS, EXACTLY_ONCE)
-    assert (
-        throughput.make_runner(throughput.Run(cell, "eos", "127.0.0.1:1", "b", {})).settings.producers == PER_PARTITION
-    )
+    assert (runner.settings.producers, runner.settings.processing_guarantee) == (PER_PARTITION, EXACTLY_ONCE)
+    plain = throughput.make_runner(throughput.Run(cell, "eos", "127.0.0.1:1", "b", {}))
+    assert plain.settings.producers == PER_PROCESS == Settings().producers  # what a user who sets nothing runs
 
 
 def test_the_watcher_reads_threads_and_rss_of_a_process() -> None:

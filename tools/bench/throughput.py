@@ -11,6 +11,8 @@ with the same records (3 input partitions):
          What a user would write instead of the template: every cell reports eos / hand (issue 33).
     alo  the KafkaRunner with processing_guarantee=at_least_once
     eos  the KafkaRunner with exactly_once (the default)
+alo and eos run with the template's default PRODUCERS (per_process: what a user who sets nothing runs); with
+`--producers per_process,per_partition` each also runs as alo-per_partition / eos-per_partition, interleaved.
 
 Throughput is measured from the first input record processed to the last one (records_in reaching N; raw and hand:
 their producer flushed), so group join, fencing and restore are excluded; commits during the run are included, the
@@ -23,8 +25,9 @@ last one, and prints the top functions by cumulative and by own time.
     python -m tools.bench                      # whole matrix + profile (~4 min on 2 cores)
     python -m tools.bench --quick              # fewer records: a smoke run
     python -m tools.bench --only copier,100ms,eos,raw --records 50000
-    python -m tools.bench --only copier,100ms --producers per_partition,per_process   # both PRODUCERS, interleaved
+    python -m tools.bench --only copier,100ms --producers per_process,per_partition   # both PRODUCERS, interleaved
     python -m tools.bench --overhead           # CPU per record without a broker, ours and by hand (stable)
+    python -m tools.bench --phases --only running_totals,100B,100ms,hand,eos   # each loop thread's CPU per record
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -56,6 +59,7 @@ from pipeline.settings import AT_LEAST_ONCE, EXACTLY_ONCE, PER_PARTITION, PER_PR
 from pipeline.sinks.kafka.runner import KafkaRunner
 from pipeline.testing.inputs import create_topics, produce_copier, produce_running_totals
 from tools.bench import hand, overhead
+from tools.bench.phases import Phases
 
 log = logging.getLogger("tools.bench.throughput")
 
@@ -65,8 +69,13 @@ SIZES: dict[str, int] = {"100B": 100, "1KB": 1024}
 INTERVALS: dict[str, int] = {"100ms": 100, "1s": 1000}
 MODES: dict[str, str | None] = {"raw": None, "hand": None, "alo": AT_LEAST_ONCE, "eos": EXACTLY_ONCE}
 LOOP_MODES = ("raw", "hand")  # no KafkaRunner: run once per cell whatever PRODUCERS
-PRODUCERS = (PER_PARTITION, PER_PROCESS)
-PER_PROCESS_SUFFIX = "-per_process"  # "eos-per_process": the KafkaRunner mode with PRODUCERS=per_process
+PRODUCERS = (PER_PROCESS, PER_PARTITION)
+# The mode names without a suffix run the template's default PRODUCERS, so that the table's eos column is what a user
+# who sets nothing gets; "eos-per_partition" is the KafkaRunner mode with the other value.
+DEFAULT_PRODUCERS = settings_module.Settings.producers
+OTHER_PRODUCERS = PER_PARTITION if DEFAULT_PRODUCERS == PER_PROCESS else PER_PROCESS
+OTHER_SUFFIX = f"-{OTHER_PRODUCERS}"
+PHASES: Phases | None = None  # --phases: the steps of every loop timed (tools/bench/phases.py)
 DEFAULT_RECORDS: dict[int, int] = {100: 400_000, 1024: 150_000}
 QUICK_RECORDS: dict[int, int] = {100: 20_000, 1024: 8_000}
 PROFILE_RECORDS = 100_000
@@ -247,6 +256,9 @@ class RawLoop:
         self.done = 0
         self._stop = threading.Event()
         self._work = work or _copy_batch
+        if PHASES is not None:
+            self._work = PHASES.timed("process", self._work)
+            self._loop = PHASES.timed("turn", self._loop)  # type: ignore[method-assign]
 
     def stop(self) -> None:
         self._stop.set()
@@ -355,7 +367,7 @@ def make_runner(run: Run, app: App | None = None, **overrides: Any) -> KafkaRunn
         output_topic=run.output_topic,
         processing_guarantee=MODES[base_mode(run.mode)],
         commit_interval_ms=run.cell.commit_interval_ms,
-        producers=PER_PROCESS if run.mode.endswith(PER_PROCESS_SUFFIX) else PER_PARTITION,
+        producers=OTHER_PRODUCERS if run.mode.endswith(OTHER_SUFFIX) else DEFAULT_PRODUCERS,
         **overrides,
     )
     return KafkaRunner(app or WORKLOADS[run.cell.workload], settings)
@@ -373,17 +385,17 @@ def run_runner(run: Run, timeout_s: float, app: App | None = None, **overrides: 
 
 
 def base_mode(mode: str) -> str:
-    """ "eos-per_process" -> "eos": the guarantee of a mode whatever its PRODUCERS."""
-    return mode.removesuffix(PER_PROCESS_SUFFIX)
+    """ "eos-per_partition" -> "eos": the guarantee of a mode whatever its PRODUCERS."""
+    return mode.removesuffix(OTHER_SUFFIX)
 
 
 def mode_variants(modes: Sequence[str], producers: Sequence[str]) -> list[str]:
-    """raw and hand once; alo and eos once per PRODUCERS value, interleaved (raw, hand, alo, eos, alo-per_process,
+    """raw and hand once; alo and eos once per PRODUCERS value, interleaved (raw, hand, alo, eos, alo-per_partition,
     ...)."""
     runner_modes = [m for m in modes if m not in LOOP_MODES]
     variants = [m for m in LOOP_MODES if m in modes]
     for p in producers:
-        variants += [m if p == PER_PARTITION else m + PER_PROCESS_SUFFIX for m in runner_modes]
+        variants += [m if p == DEFAULT_PRODUCERS else m + OTHER_SUFFIX for m in runner_modes]
     return variants
 
 
@@ -522,27 +534,27 @@ def table(results: Mapping[Cell, Mapping[str, Result]]) -> str:
 
 
 def producers_lines(results: Mapping[Cell, Mapping[str, Result]]) -> list[str]:
-    """PRODUCERS=per_process against per_partition, measured in the same run (modes interleaved)."""
+    """The other PRODUCERS value against the default, measured in the same run (modes interleaved)."""
     lines = []
     for cell, by_mode in results.items():
         for guarantee in ("alo", "eos"):
-            per_process = by_mode.get(guarantee + PER_PROCESS_SUFFIX)
-            if per_process is None:
+            other_mode = by_mode.get(guarantee + OTHER_SUFFIX)
+            if other_mode is None:
                 continue
             ratios = [
                 f"{name} {r:.2f}"
-                for name, other in (
-                    ("/ per_partition", guarantee),
+                for name, base in (
+                    (f"/ {DEFAULT_PRODUCERS}", guarantee),
                     ("/ raw", "raw"),
                     ("/ hand", "hand"),
-                    ("/ alo per_process", "alo" + PER_PROCESS_SUFFIX),
+                    (f"/ alo {OTHER_PRODUCERS}", "alo" + OTHER_SUFFIX),
                 )
-                if other != guarantee + PER_PROCESS_SUFFIX
-                and other in by_mode
-                and (r := _ratio(per_process, by_mode[other])) is not None
+                if base != guarantee + OTHER_SUFFIX
+                and base in by_mode
+                and (r := _ratio(other_mode, by_mode[base])) is not None
             ]
             lines.append(
-                f"- {cell.label()} {guarantee} per_process: {_rate(per_process.rate)} rec/s; " + ", ".join(ratios)
+                f"- {cell.label()} {guarantee} {OTHER_PRODUCERS}: {_rate(other_mode.rate)} rec/s; " + ", ".join(ratios)
             )
     return lines
 
@@ -614,7 +626,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--producers",
-        default=PER_PARTITION,
+        default=DEFAULT_PRODUCERS,
         help="PRODUCERS of the alo/eos modes, comma-separated "
         f"({', '.join(PRODUCERS)}); with both, every KafkaRunner mode runs once per value, interleaved",
     )
@@ -627,6 +639,11 @@ def _parser() -> argparse.ArgumentParser:
         "--overhead",
         action="store_true",
         help="only the framework's cost per record, without a broker (tools/bench/overhead.py)",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="print each run's loop-thread CPU per record by step (tools/bench/phases.py)",
     )
     parser.add_argument("--log-level", default="warning")
     return parser
@@ -682,6 +699,8 @@ def run_matrix(
                     file=sys.stderr,
                     flush=True,
                 )
+                if PHASES is not None:
+                    print(f"  {PHASES.take(cell.records)}", file=sys.stderr, flush=True)
         results[cell] = {mode: median(rs) for mode, rs in runs.items()}
     return results
 
@@ -710,6 +729,20 @@ def load_line(when: str) -> str:
     return f"load average {when}: {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
+@contextlib.contextmanager
+def _phases(wanted: bool) -> Iterator[None]:
+    global PHASES
+    if not wanted:
+        yield
+        return
+    PHASES = Phases()
+    try:
+        with PHASES.installed():
+            yield
+    finally:
+        PHASES = None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -734,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--producers: unknown {sorted(unknown)}")
         modes = mode_variants([m for m in MODES if m in chosen["mode"]], producers)
         before = load_line("before")
-        results = run_matrix(cells, modes, args.bootstrap_servers, args.timeout, max(1, args.repeat))
+        with _phases(args.phases):
+            results = run_matrix(cells, modes, args.bootstrap_servers, args.timeout, max(1, args.repeat))
         failed = any(r.rate is None for by_mode in results.values() for r in by_mode.values())
         print(table(results), f"\n_{before}; {load_line('after')}_", sep="\n", flush=True)
     if not args.no_profile:
