@@ -1,5 +1,6 @@
 """What the runtime asks of kafka-python, where librdkafka cannot do it (removing a member from the group: a silent
-one, pipeline/kafka/liveness.py; one making way for a rebalance, pipeline/kafka/coverage.py) or does it slowly (the
+one, pipeline/kafka/liveness.py; one making way for a rebalance, pipeline/kafka/coverage.py), cannot do it safely
+(reading the group's assignment while brokers die: the coverage look, the standby placement) or does it slowly (the
 fence below), and the mapping of the security settings to it.
 
 A quicker fence of a transactional id whose last producer left a transaction open (issue 22).
@@ -18,11 +19,14 @@ which comes after it, is the fence that counts (docs/guarantees.md: fence-first)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
-from pipeline.settings import ConfigError, Settings
+from pipeline.settings import CONSUMER, ConfigError, Settings
 
 log = logging.getLogger(__name__)
 RETRY_BACKOFF_MS = 20
@@ -105,14 +109,59 @@ class GroupMember(NamedTuple):
 
 # The group's state ("Stable", ...), its members, and the topic's partition count: GroupAdmin.describe
 GroupAnswer = tuple[str, list[GroupMember], int]
+Answer = TypeVar("Answer")
+# How kafka-python names the errors that say the group's coordinator is elsewhere (or not there yet).
+COORDINATOR_MOVED = ("NotCoordinatorError", "CoordinatorNotAvailableError", "CoordinatorLoadInProgressError")
+
+
+def moved(answer: str) -> bool:
+    """The answer names an error that says the coordinator is elsewhere."""
+    return any(name in answer for name in COORDINATOR_MOVED)
+
+
+def partition_count(client: Any, topic: str) -> int:
+    (described,) = client.describe_topics([topic])
+    return len(described["partitions"])
+
+
+def kafka_error_name(code: int) -> str:
+    import kafka.errors
+
+    return str(kafka.errors.for_code(code).__name__)
+
+
+@functools.cache
+def consumer_group_describe() -> tuple[Any, Any]:
+    """KIP-848's ConsumerGroupDescribe request and response classes. kafka-python 3.0 knows its API key but defines
+    neither message: kafka-python's own machinery builds both from the schemas in pipeline/kafka/protocol/."""
+    from kafka.protocol.api_message import ApiMessage
+
+    from pipeline.kafka import protocol
+
+    class ConsumerGroupDescribeRequest(ApiMessage, load_json=protocol):  # type: ignore[misc, call-arg]
+        pass
+
+    class ConsumerGroupDescribeResponse(ApiMessage, load_json=protocol):  # type: ignore[misc, call-arg]
+        pass
+
+    # kafka-python finds the answer's class through a weak reference: the cache keeps it alive.
+    return ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse
+
+
+class CoordinatorMoved(Exception):
+    """The answer came from a broker that is not, or not yet, the group's coordinator."""
+
+
+class GroupUnreadable(Exception):
+    """The coordinator answered the group with an error (GroupAuthorizationFailed, say): asking again cannot help."""
 
 
 class GroupAdmin:
     """kafka-python's admin client for one consumer group, made at its first use: what librdkafka's admin cannot do
     (remove a member) or cannot do safely while brokers die (describe the group: librdkafka 2.16's coordinator
     look-up aborted both instances of a broker fault run, `rd_kafka_enq_once_del_source_return: Assertion
-    eonce->refcnt > 0`, when the coordinator's broker went down under a DescribeConsumerGroups every 2 s). Blocking:
-    call it from a thread of its own, never from the poll loop."""
+    eonce->refcnt > 0`, when the coordinator's broker went down under a DescribeConsumerGroups every 2 s), in both
+    group protocols. Blocking: call it from a thread of its own, never from the poll loop."""
 
     def __init__(self, settings: Settings, group: str) -> None:
         try:
@@ -122,19 +171,34 @@ class GroupAdmin:
         self._new_admin, self._member_to_remove = KafkaAdminClient, MemberToRemove
         self._config = {**kafka_python_config(settings), "request_timeout_ms": settings.request_timeout_ms}
         self._group = group
+        self._kip848 = settings.group_protocol == CONSUMER
         self._admin: Any = None
         logging.getLogger("kafka").setLevel(logging.WARNING)  # its INFO is a dozen connection lines per call
 
     def remove(self, member_id: str, instance_id: str) -> str:
         """The broker's answer to removing that member (LeaveGroup v3+; instance_id "" for a dynamic member)."""
         member = self._member_to_remove(member_id=member_id, group_instance_id=instance_id or None)
-        result = self._client().remove_group_members(self._group, [member])
-        return ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
+
+        def ask(client: Any) -> str:
+            result = client.remove_group_members(self._group, [member])
+            answer = ", ".join(getattr(error, "__name__", str(error)) for error in result.values())
+            if moved(answer):
+                raise CoordinatorMoved(answer)
+            return answer
+
+        return self._at_coordinator(ask)
 
     def describe(self, topic: str) -> GroupAnswer:
-        """The group's members and their partitions of `topic` (GroupAnswer)."""
-        client = self._client()
+        """The group's members and their partitions of `topic` (GroupAnswer); an error the group answered raises.
+        Under GROUP_PROTOCOL=consumer, KIP-848's ConsumerGroupDescribe (the classic DescribeGroups sees no member of
+        such a group)."""
+        read = self._described_848 if self._kip848 else self._described_classic
+        return self._at_coordinator(lambda client: (*read(client, topic), partition_count(client, topic)))
+
+    def _described_classic(self, client: Any, topic: str) -> tuple[str, list[GroupMember]]:
         group = client.describe_groups([self._group])[self._group]
+        if error := group.get("error"):
+            raise (CoordinatorMoved if moved(error) else GroupUnreadable)(error)
         members = [
             GroupMember(
                 m["member_id"],
@@ -148,13 +212,50 @@ class GroupAdmin:
             )
             for m in group.get("members", [])
         ]
-        (described,) = client.describe_topics([topic])
-        return group["group_state"], members, len(described["partitions"])
+        return group["group_state"], members
+
+    def _described_848(self, client: Any, topic: str) -> tuple[str, list[GroupMember]]:
+        async def ask() -> Any:  # kafka-python's own coordinator look-up and connection (private, pinned: 3.0)
+            coordinator = await client._find_coordinator_id(self._group)
+            request = consumer_group_describe()[0](group_ids=[self._group], include_authorized_operations=False)
+            return await client._manager.send(request, node_id=coordinator)
+
+        (group,) = client._manager.run(ask).groups
+        if group.error_code:
+            error = f"{kafka_error_name(group.error_code)}: {group.error_message or ''}"
+            raise (CoordinatorMoved if moved(error) else GroupUnreadable)(error)
+        members = [
+            GroupMember(
+                m.member_id,
+                m.instance_id or "",
+                frozenset(
+                    p for tps in m.assignment.topic_partitions if tps.topic_name == topic for p in tps.partitions
+                ),
+            )
+            for m in group.members
+        ]
+        return group.group_state, members
+
+    def _at_coordinator(self, ask: Callable[[Any], Answer]) -> Answer:
+        """`ask(client)`, once more through a new client if it failed. kafka-python 3.0's admin client looks a group's
+        coordinator up once and keeps it for good: after the coordinator's broker died, or the group moved, every call
+        went to the old one and failed, or was answered NOT_COORDINATOR, for as long as the process lived (the
+        failure detector's removals, the coverage look and the standby placement all went blind). A new client looks
+        the coordinator up again."""
+        try:
+            return ask(self._client())
+        except GroupUnreadable:
+            raise
+        except Exception as first:
+            self.close()
+            log.info("group %s: %s; asking its coordinator anew", self._group, first)
+            return ask(self._client())
 
     def close(self) -> None:
         if self._admin is not None:
-            self._admin.close()
-            self._admin = None
+            admin, self._admin = self._admin, None
+            with contextlib.suppress(Exception):  # a client whose broker died may fail its own close
+                admin.close()
 
     def _client(self) -> Any:
         if self._admin is None:

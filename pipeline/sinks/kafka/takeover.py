@@ -20,13 +20,13 @@ from pipeline.core.loop import FatalRunnerError
 from pipeline.kafka.acls import Names
 from pipeline.kafka.clients import client_config, restore_consumer_config
 from pipeline.kafka.errors import kafka_error
-from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer, GroupMember
+from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer
 from pipeline.kafka.liveness import LIVENESS_TOPIC_CONFIG, Liveness, liveness_topic
 from pipeline.kafka.permissions import AFTER_TOPICS, BEFORE_TOPICS, check_service, missing_transactional_id
 from pipeline.kafka.topics import CHANGELOG_CONFIG, SNAPSHOT_CONFIG, ensure_topics
 from pipeline.metrics import Metrics
 from pipeline.retry import Backoff, retry
-from pipeline.settings import CONSUMER, PER_PROCESS, ConfigError, Settings
+from pipeline.settings import PER_PROCESS, ConfigError, Settings
 from pipeline.sinks.kafka.inputs import MultiInputTask
 from pipeline.sinks.kafka.task import KafkaTask
 from pipeline.sinks.kafka.transaction import Transaction
@@ -243,14 +243,11 @@ class TakeOver:
         )
 
     def _group_describer(self) -> Callable[[], GroupAnswer] | None:
-        """How the standby placement reads the group's assignment, on its own thread. Classic protocol: kafka-python
-        (GroupAdmin: librdkafka 2.16's admin client aborted the process reading it while the coordinator's broker
-        died). GROUP_PROTOCOL=consumer: librdkafka's, the one that speaks KIP-848's ConsumerGroupDescribe (kafka-python
-        does not). None, said, when kafka-python cannot take a security property."""
+        """How the standby placement reads the group's assignment, on its own thread: through kafka-python
+        (GroupAdmin; under GROUP_PROTOCOL=consumer its KIP-848 ConsumerGroupDescribe), never librdkafka's admin
+        client, which 2.16 aborted the process with while the coordinator's broker died. None, said, when
+        kafka-python cannot take a security property."""
         s = self.settings
-        if s.group_protocol == CONSUMER:
-            admin, group, topic, timeout_s = self.admin, self.app_id, self.input_topic, s.request_timeout_ms / 1000
-            return lambda: described_by_librdkafka(admin, group, topic, timeout_s)
         try:
             return partial(GroupAdmin(s, self.app_id).describe, self.input_topic)
         except ConfigError as e:
@@ -383,17 +380,3 @@ class TakeOver:
 
     def _topic_partitions(self, p: int) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t in self.topics]
-
-
-def described_by_librdkafka(admin: AdminClient, group: str, topic: str, timeout_s: float) -> GroupAnswer:
-    """GroupAdmin.describe's answer, asked through librdkafka's admin client (blocking: call it off the loop)."""
-    description = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group].result(timeout_s)
-    members = [
-        GroupMember(
-            m.member_id,
-            m.group_instance_id or "",
-            frozenset(tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic),
-        )
-        for m in description.members
-    ]
-    return str(description.state), members, 0  # the partition count: not asked, the placement needs none
