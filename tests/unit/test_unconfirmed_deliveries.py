@@ -101,3 +101,16 @@ def test_a_fenced_error_that_surfaced_inside_a_delivery_callback_drops_the_parti
     with pytest.raises(PartitionDropped, match="flush"):
         h.commit(task)
     assert task.txn.broken and "commit_transaction" not in h.calls.names()
+
+
+def test_a_producer_error_lost_inside_a_delivery_callback_drops_the_partition() -> None:
+    """confluent_kafka can lose the error altogether: a flush raised "returned NULL without setting an exception" with
+    no cause, right after librdkafka logged the producer fenced (a CI broker fault run, where the instance exited
+    with code 1). The producer's state is unknown: p is dropped, nothing commits, the process goes on."""
+    h = Harness()
+    task = h.task(committed=0)
+    task.process([msg(0)])
+    h.producers[0].fail("flush", SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL"))
+    with pytest.raises(PartitionDropped, match="flush: the producer failed and its error was lost"):
+        h.commit(task)
+    assert task.txn.broken and "commit_transaction" not in h.calls.names()

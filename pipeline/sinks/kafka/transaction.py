@@ -233,10 +233,16 @@ class Transaction:
     def raise_client_error(self, operation: str, exc: Exception) -> NoReturn:
         """A producer call's error (PRODUCER_CALL_FAILED), classified: a SystemError by the KafkaException it was raised
         around, if any (a cluster fault run: "Deliveries.report returned a result with an exception set", caused by the
-        fenced error)."""
+        fenced error). A SystemError around nothing ("returned NULL without setting an exception") is a producer whose
+        error confluent_kafka lost: a CI broker fault run had it from a flush right after librdkafka logged the
+        producer fenced, and the instance exited with code 1. Its state is unknown, so it never commits again: p is
+        dropped (nothing of the open transaction commits; the next owner fences and restores)."""
         cause = exc if isinstance(exc, KafkaException) else exc.__cause__
         if isinstance(cause, KafkaException):
             self.raise_classified(operation, cause)
+        if isinstance(exc, SystemError):
+            self.broken = True
+            raise PartitionDropped(f"{operation}: the producer failed and its error was lost ({exc})") from exc
         raise exc
 
     def raise_classified(self, operation: str, exc: KafkaException) -> NoReturn:
