@@ -1,10 +1,14 @@
 """GroupAdmin (kafka-python) after the group's coordinator died: the failure detector's removals, the coverage look
 and the standby placement read and change the group through it, for the whole life of the process. kafka-python
 3.0's admin client looked the coordinator up once and kept it, so after a broker fault every call failed or was
-answered NOT_COORDINATOR until the process restarted. On the local 3-node cluster (pipeline/kafka/kafka_python.py)."""
+answered NOT_COORDINATOR until the process restarted. On the local 3-node cluster (pipeline/kafka/kafka_python.py).
+
+And a run with standby copies under KIP-848 through a kill of each broker in turn: its placement read the group through
+librdkafka's admin client, whose coordinator look-up aborted whole processes when the coordinator's broker died."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -12,8 +16,13 @@ import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from pipeline.examples.running_totals import app as totals
 from pipeline.kafka.kafka_python import GroupAdmin, GroupAnswer
 from pipeline.settings import Settings
+from pipeline.testing import inputs
+from pipeline.testing.faults import FaultRun
+from tests.faults.conftest import assert_exactly_once
+from tests.faults.test_broker_faults import running
 from tests.support import eventually
 
 pytestmark = pytest.mark.cluster
@@ -63,3 +72,33 @@ def test_the_group_is_read_and_changed_again_after_its_coordinator_died(kafka_cl
     finally:
         kafka_cluster.restart(node)
         admin.close()
+
+
+def test_standbys_under_kip848_ride_each_broker_killed_in_turn(kafka_cluster, tmp_path, monkeypatch) -> None:
+    """Two instances, one standby copy each, GROUP_PROTOCOL=consumer; each broker killed and restarted in turn while
+    the input flows. Exactly once, no instance exits by itself (an abort would), and the copies were warmed."""
+    monkeypatch.setenv("PIPELINE_GROUP_PROTOCOL", "consumer")
+    monkeypatch.setenv("PIPELINE_STANDBY_REPLICAS", "1")
+    run = FaultRun(
+        totals,
+        "pipeline.examples.running_totals:app",
+        kafka_cluster.bootstrap,
+        PARTITIONS,
+        tmp_path / "logs",
+        replication=3,
+    )
+    try:
+        run.feed(list(inputs.running_totals_records(20_000, partitions=PARTITIONS, seed=17)), seconds=20)
+        run.start(2)
+        running(kafka_cluster.bootstrap, run)
+        for node in (1, 2, 3):
+            time.sleep(2)
+            kafka_cluster.kill(node)
+            time.sleep(2)
+            kafka_cluster.restart(node)
+        outcome = run.finish(timeout_s=180)
+        assert_exactly_once(outcome)
+        logs = "".join(log.read_text() for log in (tmp_path / "logs").rglob("*.log"))  # outcome.logs holds tails
+        assert "standby copy warm" in logs
+    finally:
+        run.abandon()
