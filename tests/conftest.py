@@ -4,6 +4,7 @@ Every test that needs a server is marked `kafka` (tests/plugins/servers.py): `py
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import uuid
@@ -27,6 +28,23 @@ pytest_plugins = [
     "tests.plugins.spark",
     "tests.plugins.servers",
 ]
+
+
+@pytest.fixture(autouse=True)
+def garbage_collected_on_the_test_thread() -> Iterator[None]:
+    """The cyclic garbage collector runs only here, between tests, on pytest's own thread. Left on, it ran wherever
+    Python allocated, and once that was a librdkafka thread completing an admin future: it freed a client handle
+    left in a reference cycle by an earlier test, librdkafka refuses to destroy a handle from its own thread, and
+    the whole pytest process aborted ("Fatal Python error: Aborted", "Garbage-collecting", a CI run's integration
+    lane). Reference counting still frees everything else at once; cycles wait for the end of their test. What
+    survives a test's collection is frozen, so that the next one scans only what that test made."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
 
 def _kafka_sh(*args: str) -> str:
