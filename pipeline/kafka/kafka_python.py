@@ -119,6 +119,11 @@ def moved(answer: str) -> bool:
     return any(name in answer for name in COORDINATOR_MOVED)
 
 
+def group_error(error: str) -> Exception:
+    """An error the group answered: CoordinatorMoved (asked again, GroupAdmin._at_coordinator) or GroupUnreadable."""
+    return (CoordinatorMoved if moved(error) else GroupUnreadable)(error)
+
+
 def partition_count(client: Any, topic: str) -> int:
     (described,) = client.describe_topics([topic])
     return len(described["partitions"])
@@ -198,7 +203,7 @@ class GroupAdmin:
     def _described_classic(self, client: Any, topic: str) -> tuple[str, list[GroupMember]]:
         group = client.describe_groups([self._group])[self._group]
         if error := group.get("error"):
-            raise (CoordinatorMoved if moved(error) else GroupUnreadable)(error)
+            raise group_error(error)
         members = [
             GroupMember(
                 m["member_id"],
@@ -223,7 +228,7 @@ class GroupAdmin:
         (group,) = client._manager.run(ask).groups
         if group.error_code:
             error = f"{kafka_error_name(group.error_code)}: {group.error_message or ''}"
-            raise (CoordinatorMoved if moved(error) else GroupUnreadable)(error)
+            raise group_error(error)
         members = [
             GroupMember(
                 m.member_id,
