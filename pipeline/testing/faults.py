@@ -272,9 +272,10 @@ def _sigkill(fleet: Instances, rng: random.Random) -> None:
 
 
 def _sigterm(fleet: Instances, rng: random.Random) -> None:
-    exit_code = _victim(fleet, rng).terminate(timeout_s=60)
+    victim = _victim(fleet, rng)
+    exit_code = victim.terminate(timeout_s=60)
     if exit_code != 0:
-        raise AssertionError(f"SIGTERM: exit code {exit_code}, expected a clean exit")
+        raise AssertionError(f"SIGTERM: exit code {exit_code}, expected a clean exit; its log:\n{victim.log_tail(60)}")
     fleet.start(1)
 
 
