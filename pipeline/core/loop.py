@@ -342,6 +342,13 @@ class PollLoop:
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.on_join(consumer.memberid() or "")  # here, on the consumer's thread: from another, memberid() waits
+        if partitions and self._stop.is_set():
+            # Served by the close() of a stopping consumer: taken over there, the offsets' read timed out and SIGTERM
+            # ended the process with code 1 (a CI fault run). Nothing of them was processed here: nothing to commit.
+            log.info(
+                "assigned %s after the stop was asked: left to the next owner", [tp.partition for tp in partitions]
+            )
+            return
         # Cooperative rebalancing often hands out nothing new. Do not ask the coordinator about "no partitions":
         # committed([]) inside this callback was seen to time out for 30 s in a busy group, and block SIGTERM.
         if partitions:
