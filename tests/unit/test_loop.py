@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 from confluent_kafka import TopicPartition
 
 from pipeline.core.loop import PollLoop
@@ -58,36 +56,3 @@ def test_an_assignment_served_after_the_stop_was_asked_is_not_taken_over() -> No
     loop._assigned(Member("m-1"), [TopicPartition("in", 0), TopicPartition("in", 1)])
     assert loop.assigned == []
     assert told == ["m-1"]  # the heartbeat still names the member
-
-
-class Subscriber:
-    def subscribe(self, topics, **callbacks) -> None:
-        pass
-
-
-class OneTurnLoop(RecordingLoop):
-    """Runs one turn, noting whether Python's automatic collection was on during it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.collecting_during_turn: bool | None = None
-
-    def open(self) -> None:
-        self.input_topic = "in"
-        self.consumer = Subscriber()  # type: ignore[assignment]
-
-    def _loop_once(self) -> None:
-        self.collecting_during_turn = gc.isenabled()
-        self.stop()
-
-    def _shutdown(self) -> None:
-        pass
-
-
-def test_while_a_runner_runs_only_its_loop_collects_garbage() -> None:
-    """pipeline/core/collector.py: a collection on a librdkafka thread that frees a client aborts the process."""
-    gc.enable()
-    loop = OneTurnLoop()
-    loop.run()
-    assert loop.collecting_during_turn is False
-    assert gc.isenabled()
