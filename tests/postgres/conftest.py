@@ -8,9 +8,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pipeline import settings
 from pipeline.loading import load_app
 from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import inputs, postgres_checker
@@ -20,6 +22,22 @@ from pipeline.testing.oracle import Verdict
 
 PARTITIONS = 3
 TOTALS_PG = "pipeline.examples.running_totals_pg:app"
+
+
+def runner_settings(
+    bootstrap: str, dsn: str, schema: str, app_id: str, input_topic: str, **overrides: Any
+) -> settings.Settings:
+    """An in-process PostgresRunner's settings: this broker, database and schema, and nothing from the environment."""
+    return settings.load(
+        env={},
+        bootstrap_servers=bootstrap,
+        app_id=app_id,
+        input_topic=input_topic,
+        sink="postgres",
+        postgres_dsn=dsn,
+        postgres_schema=schema,
+        **overrides,
+    )
 
 
 @dataclass

@@ -11,7 +11,6 @@ import uuid
 import pytest
 from psycopg import sql
 
-from pipeline import settings
 from pipeline.examples.running_totals_pg import TotalsSink
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.sinks.postgres import task as task_module
@@ -21,6 +20,7 @@ from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import checker, inputs, postgres_checker
 from tests.integration.test_restore import running
 from tests.plugins.postgres import connect
+from tests.postgres.conftest import runner_settings
 from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
@@ -66,14 +66,12 @@ def test_a_million_state_rows_restore_between_polls_and_the_outputs_continue_exa
     inputs.create_topics(kafka_bootstrap, {topic: 1})
     bulk_state(postgres_dsn, pg_schema, target, 0)
     inputs.produce_running_totals(kafka_bootstrap, topic, 2_000, partitions=1, seed=7)  # waiting during the restore
-    config = settings.load(
-        env={},
-        bootstrap_servers=kafka_bootstrap,
-        app_id=app_id,
-        input_topic=topic,
-        sink="postgres",
-        postgres_dsn=postgres_dsn,
-        postgres_schema=pg_schema,
+    config = runner_settings(
+        kafka_bootstrap,
+        postgres_dsn,
+        pg_schema,
+        app_id,
+        topic,
         postgres_idle_in_transaction_timeout_ms=1_000,
         max_poll_interval_ms=6_000,
         session_timeout_ms=6_000,

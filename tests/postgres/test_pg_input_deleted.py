@@ -9,12 +9,12 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline import settings
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.sinks.postgres.runner import PostgresRunner
 from pipeline.sinks.postgres.tables import Target
 from pipeline.testing import inputs, postgres_checker
 from tests.integration.test_restore import running
+from tests.postgres.conftest import runner_settings
 from tests.support import eventually
 
 pytestmark = pytest.mark.postgres
@@ -25,15 +25,7 @@ def test_input_records_deleted_before_processing_stop_the_partition(kafka_bootst
     app_id, topic = f"pg-gone-{suffix}", f"pg-gone-in-{suffix}"
     target = Target(pg_schema, totals_pg, app_id, topic)
     inputs.create_topics(kafka_bootstrap, {topic: 1})
-    config = settings.load(
-        env={},
-        bootstrap_servers=kafka_bootstrap,
-        app_id=app_id,
-        input_topic=topic,
-        sink="postgres",
-        postgres_dsn=postgres_dsn,
-        postgres_schema=pg_schema,
-    )
+    config = runner_settings(kafka_bootstrap, postgres_dsn, pg_schema, app_id, topic)
     inputs.produce_running_totals(kafka_bootstrap, topic, 100, partitions=1, seed=1)
     with running(PostgresRunner(totals_pg, config)):
         assert not postgres_checker.wait_caught_up(kafka_bootstrap, postgres_dsn, target, [0], timeout_s=60)

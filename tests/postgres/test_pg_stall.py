@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from pipeline import settings
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.sinks.postgres.runner import PostgresRunner
 from tests.integration.test_stall_real import STALL_WARNING_MS, held_back_by_an_open_transaction
+from tests.postgres.conftest import runner_settings
 
 pytestmark = pytest.mark.postgres
 
@@ -21,14 +21,6 @@ def test_a_partition_held_back_by_an_open_transaction_upstream_is_reported(
     kafka_bootstrap, new_topic, postgres_dsn, pg_schema, caplog
 ):
     caplog.set_level(logging.INFO, "pipeline")
-    config = settings.load(
-        env={},
-        bootstrap_servers=kafka_bootstrap,
-        app_id=f"pg-stall-{uuid.uuid4().hex[:8]}",
-        input_topic=new_topic("in", partitions=2),
-        sink="postgres",
-        postgres_dsn=postgres_dsn,
-        postgres_schema=pg_schema,
-        stall_warning_ms=STALL_WARNING_MS,
-    )
+    app_id, topic = f"pg-stall-{uuid.uuid4().hex[:8]}", new_topic("in", partitions=2)
+    config = runner_settings(kafka_bootstrap, postgres_dsn, pg_schema, app_id, topic, stall_warning_ms=STALL_WARNING_MS)
     held_back_by_an_open_transaction(PostgresRunner(totals_pg, config), kafka_bootstrap, caplog)

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from pipeline import settings
 from pipeline.examples.running_totals_pg import app as totals_pg
 from pipeline.sinks.postgres.runner import PostgresRunner
 from tests.integration.test_stop_during_rebalance import stop_while_an_assignment_waits
+from tests.postgres.conftest import runner_settings
 
 pytestmark = pytest.mark.postgres
 
@@ -18,13 +18,6 @@ pytestmark = pytest.mark.postgres
 def test_a_stop_while_an_assignment_waits_takes_nothing_over(
     kafka_bootstrap, new_topic, postgres_dsn, pg_schema, caplog
 ):
-    config = settings.load(
-        env={},
-        bootstrap_servers=kafka_bootstrap,
-        app_id=f"pg-stop-{uuid.uuid4().hex[:8]}",
-        input_topic=new_topic("in", partitions=2),
-        sink="postgres",
-        postgres_dsn=postgres_dsn,
-        postgres_schema=pg_schema,
-    )
+    app_id, topic = f"pg-stop-{uuid.uuid4().hex[:8]}", new_topic("in", partitions=2)
+    config = runner_settings(kafka_bootstrap, postgres_dsn, pg_schema, app_id, topic)
     stop_while_an_assignment_waits(PostgresRunner(totals_pg, config), kafka_bootstrap, 2, caplog)
