@@ -152,12 +152,12 @@ def test_on_poison_stop_halts_the_partition_and_commits_nothing_past_it(fault_ru
     partition, key, _ = records[poison_index]
     records[poison_index] = (partition, key, b"not json")
     run.feed(records, seconds=1)
-    fleet = run.start(1)
-    time.sleep(8)
-    fleet.instances[0].signal(signal.SIGTERM)
-    fleet.instances[0].process.wait(30)
-    log = fleet.instances[0].log_path.read_text()
-    assert "STOPPED" in log
+    instance = run.start(1).instances[0]
+    # Waits for the stop rather than a fixed time: a CI lane under load once took more than the 8 s this test slept
+    # to start, join and reach the poison, and the test failed on a runtime that was right.
+    eventually(lambda: "STOPPED" in instance.log_path.read_text(), timeout_s=120, interval_s=0.5)
+    instance.signal(signal.SIGTERM)
+    instance.process.wait(30)
     committed = committed_offsets(run.bootstrap, run.app_id, run.input_topic, [partition], 10)[partition]
     poison_offset = sum(1 for p, _, _ in records[:poison_index] if p == partition)
     assert committed == poison_offset, f"committed {committed}, poison at {poison_offset}"
