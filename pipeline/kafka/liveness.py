@@ -5,7 +5,8 @@ group's session time-out, and, under PRODUCERS=per_process, its open transaction
 changelog until TRANSACTION_TIMEOUT_MS. With it, every process of one App publishes a heartbeat every quarter of the
 bound on the topic `<app_id>-liveness` (from a thread of its own, so a long batch or restore does not stop it) and
 reads everyone's. When a peer it has heard from is silent for longer than the bound, while this process heard its
-own heartbeats throughout (so its own reading works and it was not paused itself), it
+own heartbeats throughout (within half the bound: so the topic delivers, its own reading works and it was not paused
+itself), it
     1. fences the peer's per-process producer (init_transactions on its transactional.id): its open transaction is
        aborted now instead of after TRANSACTION_TIMEOUT_MS;
     2. removes the peer's member from the group (LeaveGroup for that member, KIP-345's admin removal): the group
@@ -102,20 +103,32 @@ class Peers:
     # second pause left to the session time-out, 8 s instead of 0.5 s).
     judged: set[tuple[str, str]] = field(default_factory=set)
     last_turn: float | None = None
+    unsure: bool = False  # the last turn could not tell a silent peer from a stalled channel or a paused process
 
     def heard(self, beat: Beat, now: float) -> None:
         self.last_heard[beat.incarnation] = now
         self.beats[beat.incarnation] = beat
 
     def silent(self, now: float) -> list[Beat]:
-        """The peers to remove now. None while this process did not hear itself within the bound (its reading is
-        stuck) or was itself stopped for half the bound since its last turn (paused: everyone looks silent then);
-        every peer's silence then counts from now."""
+        """The peers to remove now. None while this process did not hear its own beat within half the bound (the
+        channel stalls, or its reading is stuck) or was itself stopped for half the bound since its last turn (paused:
+        everyone looks silent then), nor at the first turn after: every peer's silence counts again from then.
+
+        Half the bound, not the bound: every broker killed in a cluster test stalled the heartbeat topic for everyone
+        (its leader gone, or acks=all waiting for the dead follower to leave the ISR), and 0.9 s later one instance
+        judged its live peer, 3 kills out of 3 (fencing its producer). With the whole bound as the test, a peer whose
+        last beat before the stall landed a turn before this process's own was past the bound while this process
+        still counted as hearing itself, half the time. Half the bound asks that this process heard two more beats
+        of its own than of the peer. And a full bound again after the stall: the peers' producers retry their beats
+        at their own pace."""
         paused = self.last_turn is not None and now - self.last_turn > self.bound_s / 2
         self.last_turn = now
-        if paused or now - self.last_heard.get(self.me, float("-inf")) > self.bound_s:
+        stalled = now - self.last_heard.get(self.me, float("-inf")) > self.bound_s / 2
+        if paused or stalled or self.unsure:
+            self.unsure = paused or stalled
             for incarnation in self.last_heard:
-                self.last_heard[incarnation] = max(self.last_heard[incarnation], now)
+                if incarnation != self.me:  # its own silence ends only with its own next beat
+                    self.last_heard[incarnation] = max(self.last_heard[incarnation], now)
             return []
         newest = {b.instance_id: b.incarnation for b in self.beats.values() if b.instance_id}  # dict keeps the last
         dead = []

@@ -55,6 +55,34 @@ def test_nobody_is_judged_while_this_process_does_not_hear_itself() -> None:
         assert peers.silent(t) == []
 
 
+def test_a_stalled_heartbeat_topic_judges_nobody_even_when_this_process_heard_itself_last() -> None:
+    """A broker killed stalls the topic for everyone. The peer's last beat before the stall landed a turn before this
+    process's own: with the whole bound as the test of hearing itself, the peer was judged at 3.0 s (a cluster test
+    fenced a live peer at every broker kill). After the stall, the peer's producer retries a turn behind ours."""
+    me, peer = Beat("me", "m-1"), Beat("b", "m-2")
+    peers = Peers("me", BOUND_S)
+    judged: list[float] = []
+    for step in range(40):  # turns of 0.25 s; the topic delivers nothing from 2.0 s to 4.0 s
+        t = step * 0.25
+        heard = [me] if t <= 2.0 or t >= 4.0 else []
+        if t <= 1.75 or t >= 4.5:
+            heard.append(peer)
+        heard_all(peers, heard, t)
+        judged += [t for _ in peers.silent(t)]
+    assert judged == []
+
+
+def test_after_a_stall_a_peer_silent_for_a_whole_bound_is_judged() -> None:
+    me, peer = Beat("me", "m-1"), Beat("b", "m-2")
+    peers = Peers("me", BOUND_S)
+    judged: list[float] = []
+    for step in range(40):  # as above, but the peer died in the stall
+        t = step * 0.25
+        heard_all(peers, ([me] if t <= 2.0 or t >= 4.0 else []) + ([peer] if t <= 1.75 else []), t)
+        judged += [t for _ in peers.silent(t)]
+    assert judged == [5.25]  # a bound after the first turn that heard this process again (4.0 s), at the next turn
+
+
 def test_a_pause_of_this_process_restarts_every_peers_clock() -> None:
     """Woken from SIGSTOP, everyone looks silent: nobody is judged, and silence counts from the wake-up."""
     me, peer = Beat("me", "m-1"), Beat("b", "m-2")
