@@ -34,6 +34,7 @@ the disk's bytes with no check at all. A state newer than the code refuses at th
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -60,16 +61,17 @@ log = logging.getLogger(__name__)
 
 
 class StoredVersions:
-    """Between the disk and a state at version > 1 (the module's docstring): values leave tagged with the version,
-    come back at the current one. Reserved keys (timers, TTL, the version itself) are never tagged."""
+    """Between stored values and a state at version > 1 (the module's docstring): values leave tagged with the
+    version, come back at the current one. Reserved keys (timers, TTL, the version itself) are never tagged. The disk
+    store's reads go through it, and so do a standby copy's committed reads (pipeline/state/restore_setup.py)."""
 
-    def __init__(self, store: DiskStore, version: int, serde: Serde, migrate: Migrate | None) -> None:
-        self.store, self.version, self.serde, self.migrate = store, version, serde, migrate
+    def __init__(self, version: int, serde: Serde, migrate: Migrate | None) -> None:
+        self.version, self.serde, self.migrate = version, serde, migrate
         self.own_tag = tag(version, b"")
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, store: DiskStore, key: str) -> bytes | None:
         """A read through to the disk: the value at the current version."""
-        stored = self.store.get(key)
+        stored = store.get(key)
         return stored if stored is None else self.current(key, stored)
 
     def current(self, key: str, stored: bytes) -> bytes:
@@ -101,7 +103,7 @@ class PendingWrites:
     def __init__(self, store: DiskStore, versions: StoredVersions | None = None) -> None:
         self.store = store
         # A read of the disk: its bytes as they are (version 1), or at the current version (StoredVersions).
-        self.fetch = store.get if versions is None else versions.get
+        self.fetch = store.get if versions is None else functools.partial(versions.get, store)
         self.pending: dict[str, bytes | None] = {}
         # The disk's values read in this transaction: `process` reading a key and then writing it reads it twice
         # (the undo log remembers the value before), and a RocksDB read costs more than the rest of the record.
@@ -171,7 +173,7 @@ class DiskBacked(PartitionState):
 
     def attach(self, store: DiskStore) -> None:
         version = self.version
-        self.versions = None if version == 1 else StoredVersions(store, version, self._serde, self.migrate)
+        self.versions = None if version == 1 else StoredVersions(version, self._serde, self.migrate)
         self._data = PendingWrites(store, self.versions)
         self.store = store
         self.failed: StoreFull | None = None  # a disk batch that failed: p stops at its next record

@@ -24,11 +24,9 @@ from pipeline.app import App
 from pipeline.kafka.offsets import OffsetRequest, PendingOffsets, ask_offsets, relearn_leaders
 from pipeline.state import PartitionState
 from pipeline.state.changelog import Checkpoint
-from pipeline.state.disk_store import DiskBacked
+from pipeline.state.disk_store import DiskBacked, StoredVersions
 from pipeline.state.snapshot_finder import snapshot_bounds_request
 from pipeline.state.snapshot_format import Manifest
-from pipeline.state.timed import RESERVED
-from pipeline.state.versions import current_value
 
 log = logging.getLogger(__name__)
 METADATA_WARM_UP_S = 5.0  # the longest a restore consumer's metadata warm-up keeps its thread (and the close) waiting
@@ -60,25 +58,20 @@ class StandbyCopy:
 class AtStateVersion:
     """A standby copy's committed reads at the App's state version (above 1): a copy holds the changelog's values as
     they are, each tagged with the version that wrote it (pipeline/state/versions.py), where an owner's state (and a
-    disk store's committed reads) give the current version's bytes; older values are migrated as a restore would."""
+    disk store's committed reads) give the current version's bytes; older values are migrated as a restore would,
+    by the disk store's own StoredVersions."""
 
     def __init__(self, state: PartitionState, app: App) -> None:
-        self.state, self._app = state, app
-
-    def _current(self, key: str, value: bytes) -> bytes:
-        app = self._app
-        return (
-            value
-            if key.startswith(RESERVED)
-            else current_value(value, app.state_version, app.state_serde, app.migrate, key)
-        )
+        self.state = state
+        self._versions = StoredVersions(app.state_version, app.state_serde, app.migrate)
 
     def committed_get(self, key: str) -> bytes | None:
         value = self.state.committed_get(key)
-        return None if value is None else self._current(key, value)
+        return None if value is None else self._versions.current(key, value)
 
     def committed_range(self, prefix: str, limit: int) -> list[tuple[str, bytes]]:
-        return [(key, self._current(key, value)) for key, value in self.state.committed_range(prefix, limit)]
+        current = self._versions.current
+        return [(key, current(key, value)) for key, value in self.state.committed_range(prefix, limit)]
 
 
 def ask_bounds(
