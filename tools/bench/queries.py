@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.query_client import QueryError, query
@@ -116,88 +117,100 @@ def owner_of(ports: list[int]) -> dict[int, int]:
     return owners
 
 
-def query_phase(
-    owners: dict[int, int],
-    ports: list[int],
-    qps: int,
-    seconds: float,
-    routed: bool,
-    clients: int,
-    library: bool = False,
-) -> tuple[list[float], int, dict[int, int], int, list[float]]:
-    """`qps` GETs a second for `seconds`, open loop: `clients` querier processes, each on its own kept-alive
-    connections, take every `clients`-th slot of one schedule (slot i at start + i/qps), so that a slow answer delays
-    only its own process's next query, not the pace. Returns each answer's latency (ms, from its send, the redirect
-    followed), how many were redirected, the other statuses and their counts, and how many queries left more than
-    1 ms after their slot (the querier could not keep the pace: the rate achieved is reported), and per timed answer
-    the querier's own wait (ms): from the answer's arrival in its socket to the querier reading it (both answers of
-    a redirect), the part of the latency that is the querier waiting for a core, not the instance."""
-    start_at = time.monotonic() + 3.0  # CLOCK_MONOTONIC in every process; the spawned queriers are up by then
-    work = [(owners, ports, qps, seconds, routed, clients, j, start_at, library) for j in range(clients)]
+@dataclass(frozen=True)
+class Pace:
+    """One query phase's schedule, shared by its querier processes: slot i at start + i/qps, for `seconds`, to the
+    owner of the key's partition (`owners`: partition -> port) or, `routed`, to the other instance; `library`: each
+    query by pipeline.query_client.query instead of the raw sockets."""
+
+    owners: dict[int, int]
+    ports: list[int]
+    qps: int
+    seconds: float
+    routed: bool
+    clients: int
+    library: bool = False
+    start: float = 0.0
+
+
+@dataclass
+class Tally:
+    """What one or all queriers of a phase saw: each timed answer's latency (ms, from its send, the redirect
+    followed), how many were redirected, the other statuses and their counts, how many queries left more than 1 ms
+    after their slot, and per timed answer the querier's own wait (ms): from the answer's arrival in its socket to
+    the querier reading it (both answers of a redirect), the part of the latency that is the querier waiting for a
+    core, not the instance."""
+
+    latencies: list[float] = field(default_factory=list)
+    redirected: int = 0
+    refused: dict[int, int] = field(default_factory=dict)
+    late: int = 0
+    waits: list[float] = field(default_factory=list)
+
+    def add(self, other: Tally) -> None:
+        self.latencies += other.latencies
+        self.redirected += other.redirected
+        for status, count in other.refused.items():
+            self.refused[status] = self.refused.get(status, 0) + count
+        self.late += other.late
+        self.waits += other.waits
+
+
+def query_phase(pace: Pace) -> Tally:
+    """`pace.qps` GETs a second for `pace.seconds`, open loop: `pace.clients` querier processes, each on its own
+    kept-alive connections, take every `clients`-th slot of one schedule, so that a slow answer delays only its own
+    process's next query, not the pace (the rate achieved is reported)."""
+    pace = replace(pace, start=time.monotonic() + 3.0)  # CLOCK_MONOTONIC in every process; the queriers are up by then
     # spawn, not fork: a fork of this process (threads of the Kafka clients, the pool's own) once left a querier
     # stuck on a lock copied held, and the copy of the input's records is not needed there
-    with multiprocessing.get_context("spawn").Pool(clients) as pool:
-        parts = pool.starmap(query_slots, work)
-    latencies = [ms for part in parts for ms in part[0]]
-    refused: dict[int, int] = {}
+    with multiprocessing.get_context("spawn").Pool(pace.clients) as pool:
+        parts = pool.starmap(query_slots, [(pace, j) for j in range(pace.clients)])
+    tally = Tally()
     for part in parts:
-        for status, count in part[2].items():
-            refused[status] = refused.get(status, 0) + count
-    waits = [ms for part in parts for ms in part[4]]
-    return latencies, sum(part[1] for part in parts), refused, sum(part[3] for part in parts), waits
+        tally.add(part)
+    return tally
 
 
-def query_slots(
-    owners: dict[int, int],
-    ports: list[int],
-    qps: int,
-    seconds: float,
-    routed: bool,
-    clients: int,
-    j: int,
-    start: float,
-    library: bool = False,
-) -> tuple[list[float], int, dict[int, int], int, list[float]]:
-    """One querier process of query_phase: the slots j, j + clients, ... of the schedule; `library`: each query by
-    pipeline.query_client.query (http.client on its kept-alive connections, the redirect followed), what a service
-    using the client sees, instead of the raw sockets."""
-    connections = {port: Raw(port) for port in ports}
+def query_slots(pace: Pace, j: int) -> Tally:
+    """One querier process of query_phase: the slots j, j + clients, ... of the schedule."""
+    connections = {port: Raw(port) for port in pace.ports}
     keys = [f"account-{k}" for k in range(ACCOUNTS)]
-    latencies: list[float] = []
-    waits: list[float] = []
-    redirected, late, refused = 0, 0, dict[int, int]()
-    for i in range(j, int(qps * seconds), clients):
-        slot = start + i / qps
+    tally = Tally()
+    for i in range(j, int(pace.qps * pace.seconds), pace.clients):
+        slot = pace.start + i / pace.qps
         time.sleep(max(0.0, slot - time.monotonic()))
         t0 = time.monotonic()
-        if t0 > start + seconds:
+        if t0 > pace.start + pace.seconds:
             break  # behind the pace: the phase ends on time all the same (the rate achieved is reported)
-        late += t0 - slot > 0.001
+        tally.late += t0 - slot > 0.001
         key = keys[i % len(keys)]
         p = account_partition(key.encode(), PARTITIONS)
-        first = owners[p] if not routed else next(port for port in ports if port != owners[p])
-        path = f"/state/{key}?partition={p}"
-        if library:
+        first = pace.owners[p] if not pace.routed else next(port for port in pace.ports if port != pace.owners[p])
+        if pace.library:
             status, hops = library_get(first, key, p)
-            redirected += hops > 1
-            if status in (200, 404):
-                latencies.append((time.monotonic() - t0) * 1000)
-            else:
-                refused[status] = refused.get(status, 0) + 1
-            continue
-        status, location = connections[first].get(path)
-        waited = connections[first].waited
-        if status == 307:
-            redirected += 1
-            owner = connections[int(location.split(":")[2].split("/")[0])]
-            status, _ = owner.get(path)
-            waited += owner.waited
+            tally.redirected += hops > 1
+            waited = None
+        else:
+            status, waited, hops = raw_get(connections, first, f"/state/{key}?partition={p}")
+            tally.redirected += hops > 1
         if status in (200, 404):
-            latencies.append((time.monotonic() - t0) * 1000)
-            waits.append(waited * 1000)
+            tally.latencies.append((time.monotonic() - t0) * 1000)
+            if waited is not None:
+                tally.waits.append(waited * 1000)
         else:  # 503: a rebalance or a directory that does not know the owner yet; counted, not timed
-            refused[status] = refused.get(status, 0) + 1
-    return latencies, redirected, refused, late, waits
+            tally.refused[status] = tally.refused.get(status, 0) + 1
+    return tally
+
+
+def raw_get(connections: dict[int, Raw], port: int, path: str) -> tuple[int, float, int]:
+    """(status, the querier's own wait in seconds, instances asked) of one query on the raw sockets, a 307 followed."""
+    status, location = connections[port].get(path)
+    waited = connections[port].waited
+    if status != 307:
+        return status, waited, 1
+    owner = connections[int(location.split(":")[2].split("/")[0])]
+    status, _ = owner.get(path)
+    return status, waited + owner.waited, 2
 
 
 def library_get(port: int, key: str, p: int) -> tuple[int, int]:
@@ -294,12 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             if phase == "quiet":
                 time.sleep(args.seconds)
             else:
-                latencies, redirected, refused, late, waits = query_phase(
-                    owners, ports, args.qps, args.seconds, phase == "routed", args.clients, args.library
+                tally = query_phase(
+                    Pace(owners, ports, args.qps, args.seconds, phase == "routed", args.clients, args.library)
                 )
+                latencies, waits = tally.latencies, tally.waits
                 print(
-                    f"        owners {owners}; {redirected} of {len(latencies)} answers redirected; refused {refused}; "
-                    f"{late} queries sent over 1 ms after their slot; the querier's own wait after an answer arrived "
+                    f"        owners {owners}; {tally.redirected} of {len(latencies)} answers redirected; refused "
+                    f"{tally.refused}; {tally.late} queries sent over 1 ms after their slot; the querier's own wait "
+                    "after an answer arrived "
                     + (f"p50 {percentile(waits, 0.5):.2f} p99 {percentile(waits, 0.99):.2f} ms" if any(waits) else "-")
                 )
             after = [metrics(port) for port in ports], [cpu_seconds(i.pid) for i in instances], time.monotonic()
