@@ -11,7 +11,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import NamedTuple, cast
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -20,7 +20,7 @@ from pipeline.core.lifecycle import Lifecycle, Phase
 from pipeline.core.processing import log_stop
 from pipeline.core.queries import Queries, serve_promptly
 from pipeline.core.schedule import Schedule
-from pipeline.core.stall import QUIET, BrokerEnds, LoopWatch, Seen, StallWatch
+from pipeline.core.stall import NOT_FETCHED_YET, QUIET, BrokerEnds, Input, LoopWatch, Seen, StallWatch
 from pipeline.endpoint import health_server
 from pipeline.kafka.coverage import GroupCoverage
 from pipeline.kafka.kafka_python import GroupAdmin
@@ -41,58 +41,6 @@ REFENCE_AFTER_S = 2.0
 
 class FatalRunnerError(RuntimeError):
     """The process cannot go on (e.g. a partition cannot be fenced within the time-outs)."""
-
-
-# A drain of 384 partitions left some unfetched for 32 s: the consumer's prefetch was full of the others' records.
-NOT_FETCHED_YET = (
-    "nothing fetched for it yet: in a backlog of many partitions the consumer's prefetch may hold only others' "
-    "records (queued.min.messages, queued.max.messages.kbytes: PIPELINE_KAFKA_*)"
-)
-
-
-class Input(NamedTuple):
-    """Where an owned partition stands in one topic it reads, as the consumer knows it locally."""
-
-    topic: str
-    position: int | None  # the next offset to process (None: from the beginning)
-    fetched: int | None  # the consumer's position: past what it handed out, control records included; None: unknown
-    low: int | None  # the cached watermarks (from fetch responses); None: unknown
-    high: int | None
-    end: int | None = None  # the broker's last stable offset, when asked (BrokerEnds)
-
-    @property
-    def waiting(self) -> bool:
-        """Records on the broker not handed out yet. The consumer's position, not p's: after the last record of a
-        transaction, p's position stops at the commit marker, which the consumer skips."""
-        at = self.fetched if self.fetched is not None else self.position if self.position is not None else self.low
-        top = max((x for x in (self.high, self.end) if x is not None), default=None)
-        return top is not None and at is not None and at < top
-
-    @property
-    def lag(self) -> int | None:
-        """Records up to the cached high watermark that p has not processed, counted as Kafka's records-lag is: from
-        the consumer's position once it is past p's. The records between were handed out and processed, or were
-        control records the consumer skips: after a transaction's last record, p's position stays at the commit
-        marker, and an idle partition of a transactional input read 1 for good. Records handed out and held in
-        memory (a burst of timers, inputs waiting for each other) are not counted. None: unknown."""
-        if self.position is None or self.high is None:
-            return None
-        at = self.position if self.fetched is None else max(self.position, self.fetched)
-        return max(0, self.high - at)
-
-    def __str__(self) -> str:
-        where = f"{self.topic}[position {self.position}, consumer at {self.fetched}, high watermark {self.high}"
-        if self.end is None:
-            return f"{where}]"
-        if self.high is None or self.end > self.high:
-            why = "the cached high watermark is out of date: p is not being fetched"
-        elif self.fetched is not None and self.end <= self.fetched < self.high:
-            why = "an open transaction upstream holds p's records back from read_committed consumers"
-        elif self.fetched is not None and self.fetched < self.end:
-            why = "records readable on the broker, not fetched"
-        else:
-            why = "nothing readable waiting"
-        return f"{where}, the broker's last stable offset {self.end}: {why}]"
 
 
 class PollLoop:

@@ -14,8 +14,7 @@ import pytest
 from confluent_kafka import IsolationLevel, TopicPartition
 
 from pipeline.core.lifecycle import Phase
-from pipeline.core.loop import NOT_FETCHED_YET
-from pipeline.core.stall import BrokerEnds, LoopWatch, Seen, StallWatch
+from pipeline.core.stall import NOT_FETCHED_YET, BrokerEnds, LoopWatch, Seen, StallWatch
 from pipeline.examples.copier import app as copier
 from pipeline.metrics import Metrics
 from pipeline.sinks.kafka.runner import KafkaRunner
