@@ -187,12 +187,10 @@ def query_slots(pace: Pace, j: int) -> Tally:
         p = account_partition(key.encode(), PARTITIONS)
         first = pace.owners[p] if not pace.routed else next(port for port in pace.ports if port != pace.owners[p])
         if pace.library:
-            status, hops = library_get(first, key, p)
-            tally.redirected += hops > 1
-            waited = None
+            (status, hops), waited = library_get(first, key, p), None
         else:
             status, waited, hops = raw_get(connections, first, f"/state/{key}?partition={p}")
-            tally.redirected += hops > 1
+        tally.redirected += hops > 1
         if status in (200, 404):
             tally.latencies.append((time.monotonic() - t0) * 1000)
             if waited is not None:
