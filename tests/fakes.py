@@ -14,6 +14,7 @@ claims exactly-once is proven against a real broker, in the tests marked `kafka`
 from __future__ import annotations
 
 import heapq
+import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -92,6 +93,15 @@ class FakeClock:
         self.now += seconds
 
 
+class Hang:
+    """A FakeProducer call that blocks, as librdkafka's did after a coordinator died (pipeline/kafka/bounded.py), until
+    `released` is set or `at_most_s` passed; then it goes through."""
+
+    def __init__(self, at_most_s: float = 10.0) -> None:
+        self.released = threading.Event()
+        self.at_most_s = at_most_s
+
+
 class FakeProducer:
     """Records every call in `calls` (shared with a FakeConsumer, the order of both is one list); `fail(method, ...)`
     queues errors, raised one per call. Produced records get offsets from `first_offset` on, are kept in `records`,
@@ -112,7 +122,7 @@ class FakeProducer:
         as librdkafka reports a message it acknowledged implicitly (sinks/kafka/transaction.py: Deliveries)."""
         self.calls = Calls() if calls is None else calls
         self.transactional_id = transactional_id
-        self.failures: dict[str, list[BaseException | None]] = {}  # method -> exceptions to raise, one per call
+        self.failures: dict[str, list[BaseException | Hang | None]] = {}  # method -> exceptions to raise, one per call
         self.records: list[Message] = []
         self._undelivered: list[tuple[Message, Callable[[KafkaError | None, Message], None]]] = []
         self._next_offset = first_offset
@@ -120,13 +130,16 @@ class FakeProducer:
         self._on_delivery = on_delivery
         self._no_offset_for = frozenset(no_offset_for)
 
-    def fail(self, method: str, *errors: BaseException | None) -> None:
-        """One per call of `method`, in order; None: that call goes through."""
+    def fail(self, method: str, *errors: BaseException | Hang | None) -> None:
+        """One per call of `method`, in order; None: that call goes through; a Hang: it blocks first."""
         self.failures.setdefault(method, []).extend(errors)
 
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
         if self.failures.get(name) and (error := self.failures[name].pop(0)) is not None:
+            if isinstance(error, Hang):
+                error.released.wait(error.at_most_s)
+                return
             raise error
 
     def init_transactions(self, *args: Any) -> None:

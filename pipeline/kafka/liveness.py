@@ -104,6 +104,7 @@ class Peers:
     judged: set[tuple[str, str]] = field(default_factory=set)
     last_turn: float | None = None
     unsure: bool = False  # the last turn could not tell a silent peer from a stalled channel or a paused process
+    why: str = ""  # why it could not (for the log)
 
     def heard(self, beat: Beat, now: float) -> None:
         self.last_heard[beat.incarnation] = now
@@ -126,6 +127,8 @@ class Peers:
         stalled = now - self.last_heard.get(self.me, float("-inf")) > self.bound_s / 2
         if paused or stalled or self.unsure:
             self.unsure = paused or stalled
+            if self.unsure:
+                self.why = self._why(now, paused)
             for incarnation in self.last_heard:
                 if incarnation != self.me:  # its own silence ends only with its own next beat
                     self.last_heard[incarnation] = max(self.last_heard[incarnation], now)
@@ -145,6 +148,19 @@ class Peers:
                 self.judged.add((incarnation, beat.member_id))
                 dead.append(beat)
         return dead
+
+    def silence_ms(self, incarnation: str, now: float) -> int:
+        """How long since `incarnation`'s last beat arrived here (-1: never heard)."""
+        heard = self.last_heard.get(incarnation)
+        return -1 if heard is None else round((now - heard) * 1000)
+
+    def _why(self, now: float, paused: bool) -> str:
+        if paused:
+            return "this process was stopped for over half the bound (paused, or its liveness thread starved)"
+        silence_ms = self.silence_ms(self.me, now)
+        if silence_ms < 0:
+            return "this process's own beat not heard yet"
+        return f"this process's own beat not heard for {silence_ms} ms (the heartbeat topic stalls)"
 
     def owner(self, partition: int, now: float) -> str | None:
         """The query address of the process that owns `partition` per the latest beats heard within the bound (the
@@ -298,8 +314,11 @@ class Liveness:
         while not self._stop.is_set():
             self._publish()
             self._read()
-            for beat in self.peers.silent(time.monotonic()):
-                self._act(beat)
+            was_unsure = self.peers.unsure
+            for beat in self.peers.silent(now := time.monotonic()):
+                self._act(beat, now)
+            if self.peers.unsure != was_unsure:  # the turns that judge nobody, and why: the first question at a fault
+                log.info("heartbeats: %s", f"judging nobody: {self.peers.why}" if self.peers.unsure else "heard again")
             self._stop.wait(interval)
 
     def _publish(self) -> None:
@@ -312,13 +331,15 @@ class Liveness:
             if message.error() is None and (beat := Beat.decode(message.value() or b"")) is not None:  # b"": None
                 self.peers.heard(beat, time.monotonic())
 
-    def _act(self, beat: Beat) -> None:
-        silent_ms = self.bound_ms
+    def _act(self, beat: Beat, now: float) -> None:
         log.warning(
-            "member %s (%s) silent for over %d ms: fencing its producer and removing it from the group",
+            "member %s (%s) silent for over %d ms (%d ms; this process's own beat heard %d ms ago): fencing its"
+            " producer and removing it from the group",
             beat.member_id,
             beat.instance_id or "dynamic",
-            silent_ms,
+            self.bound_ms,
+            self.peers.silence_ms(beat.incarnation, now),
+            self.peers.silence_ms(self.peers.me, now),
         )
         if beat.transactional_id:  # beside the removal, on a thread of its own: this one keeps beating
             threading.Thread(target=self._fence_logged, args=(beat,), name="liveness-fence", daemon=True).start()

@@ -240,7 +240,7 @@ def test_a_silent_member_is_removed_without_waiting_for_its_fence() -> None:
         remove=lambda beat: events.append(f"removed {beat.member_id}") or "NoError",
         fence=fence,
     )
-    liveness._act(Beat("x", "m-1", transactional_id="app.p"))
+    liveness._act(Beat("x", "m-1", transactional_id="app.p"), 0.0)
     assert "removed m-1" in events and "fence done" not in events
     fence_may_end.set()
     eventually(lambda: "fence done" in events, timeout_s=5, interval_s=0.01)

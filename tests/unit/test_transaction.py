@@ -6,7 +6,7 @@ suite run in this mode."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from pipeline.core.lifecycle import Phase
 from pipeline.examples.copier import app as copier
@@ -21,6 +21,7 @@ from tests.fakes import (
     Calls,
     FakeConsumer,
     FakeProducer,
+    Hang,
     kafka_exception,
     kafka_message,
 )
@@ -196,3 +197,32 @@ def test_after_a_lost_membership_the_next_take_over_runs_on_a_new_initialised_pr
     assert calls.names()[0] == "init_transactions"  # before the committed offsets and the restore (fence-first)
     runner._dispatch([kafka_message(10, partition=0)])
     assert runner.tasks[0].producer is made[1]
+
+
+def test_a_commit_that_never_returns_drops_every_partition_of_the_producer_at_its_deadline() -> None:
+    """librdkafka's commit_transaction, given 10 s, once blocked 270 s after the coordinator's broker restarted
+    (pipeline/kafka/bounded.py). Past its time-out and the grace the producer is given up: its outcome is unknown, so
+    nothing rewinds; the runner drops its partitions and takes them over with a new producer."""
+    h = Shared(request_timeout_ms=1000)
+    p0, p1 = h.tasks(0, 1)
+    p0.process([msg(0)])
+    p1.process([msg(0)])
+    hang = Hang(at_most_s=10)
+    h.producers[0].fail("commit_transaction", hang)
+    with pytest.raises(PartitionDropped, match=r"commit_transaction did not return within 2\.0 s"):
+        h.commit(p0)  # without the bound: it returns when the hang ends (10 s), and commits
+    assert h.txn.broken
+    assert (p0.committed_offset, p1.committed_offset) == (0, 0)  # not moved: the outcome is unknown
+    hang.released.set()
+
+
+def test_a_fence_that_never_returns_is_asked_again_on_a_new_producer() -> None:
+    h = Shared(request_timeout_ms=1000)
+    hang = Hang(at_most_s=10)
+    h.producers[0].fail("init_transactions", hang)
+    with pytest.raises(KafkaException, match="init_transactions did not return"):
+        h.txn.fence()
+    assert len(h.producers) == 2 and h.txn.producer is h.producers[1]
+    h.txn.fence()  # what takeover.fence does next: the new producer is initialised
+    assert h.calls.names().count("init_transactions") == 2
+    hang.released.set()

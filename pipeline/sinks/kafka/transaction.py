@@ -22,8 +22,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from pipeline.kafka.bounded import CallHung, within
 from pipeline.kafka.errors import Action, classify, kafka_error
 from pipeline.retry import Backoff, retry
 from pipeline.settings import Settings
@@ -141,7 +142,13 @@ class Transaction:
         if self.transactional and not self._fenced:
             if self._quick_fence is not None and quick:
                 self._quick_fence()
-            self.producer.init_transactions(self.timeout_s)
+            try:
+                within(self.timeout_s, self.producer.init_transactions, self.timeout_s)
+            except CallHung as e:  # the next attempt (takeover.fence retries it) on a producer that is not stuck
+                log.error("%s: %s; asking again on a new producer", self.name, e)
+                if self._renew_with is not None:
+                    self.producer = self._renew_with()
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, str(e))) from e
             self._fenced = True
 
     def renew(self) -> None:
@@ -213,7 +220,7 @@ class Transaction:
 
         try:
             retry(
-                lambda: method(*args),
+                lambda: within(self.timeout_s, method, *args),
                 retriable=unknown,
                 backoff=UNKNOWN_OUTCOME_BACKOFF,
                 within_s=self._retry_for_s,
@@ -222,6 +229,10 @@ class Transaction:
             )
         except KafkaException as e:
             self.raise_classified(method.__name__, e)
+        except CallHung as e:  # its outcome unknown, and the producer stuck: it never commits again
+            log.error("%s: %s; its partitions are taken over again with a new producer", self.name, e)
+            self.broken = True
+            raise PartitionDropped(str(e)) from e
 
     def poll(self) -> None:
         """producer.poll(0): serves the delivery reports (Deliveries) of what was produced so far."""
