@@ -29,8 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -105,6 +108,7 @@ class Peers:
     last_turn: float | None = None
     unsure: bool = False  # the last turn could not tell a silent peer from a stalled channel or a paused process
     why: str = ""  # why it could not (for the log)
+    late: set[str] = field(default_factory=set)  # incarnations past half the bound, logged once per silence
 
     def heard(self, beat: Beat, now: float) -> None:
         self.last_heard[beat.incarnation] = now
@@ -122,13 +126,14 @@ class Peers:
         still counted as hearing itself, half the time. Half the bound asks that this process heard two more beats
         of its own than of the peer. And a full bound again after the stall: the peers' producers retry their beats
         at their own pace."""
-        paused = self.last_turn is not None and now - self.last_turn > self.bound_s / 2
+        gap_s = 0.0 if self.last_turn is None else now - self.last_turn
+        paused = gap_s > self.bound_s / 2
         self.last_turn = now
         stalled = now - self.last_heard.get(self.me, float("-inf")) > self.bound_s / 2
         if paused or stalled or self.unsure:
             self.unsure = paused or stalled
             if self.unsure:
-                self.why = self._why(now, paused)
+                self.why = self._why(now, gap_s if paused else None)
             for incarnation in self.last_heard:
                 if incarnation != self.me:  # its own silence ends only with its own next beat
                     self.last_heard[incarnation] = max(self.last_heard[incarnation], now)
@@ -149,14 +154,25 @@ class Peers:
                 dead.append(beat)
         return dead
 
+    def newly_late(self, now: float) -> list[Beat]:
+        """The peers whose silence passed half the bound since the last turn (while this process hears itself): how
+        close a fault came to a judgement, in the log before any judgement."""
+        late = {
+            i
+            for i, heard_at in self.last_heard.items()
+            if i != self.me and now - heard_at > self.bound_s / 2 and self.beats[i].member_id
+        }
+        newly, self.late = late - self.late, late
+        return [self.beats[i] for i in newly if not self.beats[i].stopping and not self.unsure]
+
     def silence_ms(self, incarnation: str, now: float) -> int:
         """How long since `incarnation`'s last beat arrived here (-1: never heard)."""
         heard = self.last_heard.get(incarnation)
         return -1 if heard is None else round((now - heard) * 1000)
 
-    def _why(self, now: float, paused: bool) -> str:
-        if paused:
-            return "this process was stopped for over half the bound (paused, or its liveness thread starved)"
+    def _why(self, now: float, gap_s: float | None) -> str:
+        if gap_s is not None:
+            return f"this process's liveness thread did not run for {gap_s * 1000:.0f} ms (paused, or starved)"
         silence_ms = self.silence_ms(self.me, now)
         if silence_ms < 0:
             return "this process's own beat not heard yet"
@@ -311,15 +327,28 @@ class Liveness:
 
     def _run(self) -> None:
         interval = beat_interval_s(self.bound_ms)
+        cpu_s = time.process_time()
         while not self._stop.is_set():
             self._publish()
             self._read()
             was_unsure = self.peers.unsure
             for beat in self.peers.silent(now := time.monotonic()):
                 self._act(beat, now)
+            for beat in self.peers.newly_late(now):
+                log.info("member %s silent for %d ms", beat.member_id, self.peers.silence_ms(beat.incarnation, now))
             if self.peers.unsure != was_unsure:  # the turns that judge nobody, and why: the first question at a fault
-                log.info("heartbeats: %s", f"judging nobody: {self.peers.why}" if self.peers.unsure else "heard again")
+                log.info("heartbeats: %s", self._doubt(cpu_s) if self.peers.unsure else "heard again")
+            cpu_s = time.process_time()
             self._stop.wait(interval)
+
+    def _doubt(self, cpu_at_last_turn_s: float) -> str:
+        """Why this turn judges nobody. When this thread itself did not run: how much CPU the process used meanwhile
+        (none: the process was stopped or not scheduled; a lot: another thread held the interpreter) and where its
+        other threads are now."""
+        if not self.peers.why.startswith("this process's liveness thread"):
+            return f"judging nobody: {self.peers.why}"
+        cpu_ms = (time.process_time() - cpu_at_last_turn_s) * 1000
+        return f"judging nobody: {self.peers.why}; the process used {cpu_ms:.0f} ms of CPU meanwhile; {_threads()}"
 
     def _publish(self) -> None:
         with contextlib.suppress(BufferError, KafkaException):  # a missed beat is what the bound is for
@@ -371,3 +400,16 @@ class Liveness:
         producer = Producer({**self._config, "transactional.id": transactional_id})
         producer.init_transactions(self._settings.request_timeout_ms / 1000)
         producer.flush(1)
+
+
+def _threads() -> str:
+    """Every other thread's innermost frames, named: what ran while the liveness thread did not."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    where = [
+        f"[{names.get(ident, ident)}] "
+        + " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(stack))
+        for ident, frame in sys._current_frames().items()
+        if ident != me and (stack := traceback.extract_stack(frame, limit=2))
+    ]
+    return "threads: " + "; ".join(where)
