@@ -16,6 +16,7 @@ a daemon thread, so it never holds up the process's exit, and it is never handed
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _idle: collections.deque[_Worker] = collections.deque()  # workers waiting for a call (append and pop are atomic)
+os.register_at_fork(after_in_child=_idle.clear)  # a forked child has none of its parent's threads
 
 
 class CallHung(Exception):
