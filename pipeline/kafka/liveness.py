@@ -108,6 +108,7 @@ class Peers:
     last_turn: float | None = None
     unsure: bool = False  # the last turn could not tell a silent peer from a stalled channel or a paused process
     why: str = ""  # why it could not (for the log)
+    starved: bool = False  # this turn came over half the bound after the last: this process did not run
     late: set[str] = field(default_factory=set)  # incarnations past half the bound, logged once per silence
 
     def heard(self, beat: Beat, now: float) -> None:
@@ -127,7 +128,7 @@ class Peers:
         of its own than of the peer. And a full bound again after the stall: the peers' producers retry their beats
         at their own pace."""
         gap_s = 0.0 if self.last_turn is None else now - self.last_turn
-        paused = gap_s > self.bound_s / 2
+        paused = self.starved = gap_s > self.bound_s / 2
         self.last_turn = now
         stalled = now - self.last_heard.get(self.me, float("-inf")) > self.bound_s / 2
         if paused or stalled or self.unsure:
@@ -304,6 +305,7 @@ class Liveness:
         take-over in a callback), stopping the beats and, worse, making this process think it was paused."""
         if member_id and member_id != self.beat.member_id:
             self.beat = replace(self.beat, member_id=member_id)
+            log.info("heartbeats: this process is member %s", member_id)  # what a peer's judgement names
 
     def serving(self, address: str, partitions: tuple[int, ...], offsets: tuple[int, ...] = ()) -> None:
         """QUERY_ENABLED: the next beats say where this process answers queries, for which input partitions, and
@@ -336,7 +338,9 @@ class Liveness:
                 self._act(beat, now)
             for beat in self.peers.newly_late(now):
                 log.info("member %s silent for %d ms", beat.member_id, self.peers.silence_ms(beat.incarnation, now))
-            if self.peers.unsure != was_unsure:  # the turns that judge nobody, and why: the first question at a fault
+            # The turns that judge nobody, and why (the first question at a fault); every time this process did not
+            # run, even within a stall: a peer may have judged it meanwhile, and only this line says why it was silent
+            if self.peers.unsure != was_unsure or self.peers.starved:
                 log.info("heartbeats: %s", self._doubt(cpu_s) if self.peers.unsure else "heard again")
             cpu_s = time.process_time()
             self._stop.wait(interval)

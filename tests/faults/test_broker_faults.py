@@ -3,8 +3,10 @@ doubled, and no client hangs forever."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -52,9 +54,48 @@ def running(bootstrap: str, run: FaultRun) -> None:
 def no_live_member_judged(fleet) -> None:
     """No instance is killed or paused in these tests: a failure detector that judges one fenced and removed a live
     member. Every broker killed did so once (0.9 s after the kill, the heartbeat topic stalled for everyone) until
-    the detector asked for its own beat within half the bound (pipeline/kafka/liveness.py: Peers.silent)."""
-    judged = [line for i in fleet.instances for line in i.log_path.read_text().splitlines() if SILENT in line]
-    assert not judged, "a live member was judged silent:\n" + "\n".join(judged)
+    the detector asked for its own beat within half the bound (pipeline/kafka/liveness.py: Peers.silent).
+
+    One kind of judgement is right, and is let through: of a process that did not run. A CI run on two shared cores
+    (four test lanes, three brokers, Spark) logged 30 times that a process's liveness thread had not run for 0.5-1.3 s
+    (3 of them over 1 s) while the process used 1-20 % of a core: the machine, not the broker, kept it off the CPU,
+    and it was silent.
+    Such a judgement passes only where the judged process's own log says its liveness thread did not run for all
+    but two beats of the silence the judge measured."""
+    logs = {i.name: i.log_path.read_text().splitlines() for i in fleet.instances}
+    unexplained = [
+        f"{name}: {line}"
+        for name, lines in logs.items()
+        for line in lines
+        if SILENT in line and not _starved_through(line, logs)
+    ]
+    assert not unexplained, "a live member was judged silent:\n" + "\n".join(unexplained)
+
+
+JUDGED = re.compile(r"member (?P<member>\S+) \(\S+\) silent for over \d+ ms \((?P<silent_ms>\d+) ms;")
+STARVED = re.compile(r"liveness thread did not run for (?P<ms>\d+) ms")
+MEMBER = re.compile(r"heartbeats: this process is member (?P<member>\S+)")
+BEAT_S = 0.25  # beat_interval_s at the tests' FAILURE_DETECTION_MS=1000
+
+
+def _starved_through(judgement: str, logs: dict[str, list[str]]) -> bool:
+    if (judged := JUDGED.search(judgement)) is None:
+        return False
+    at, silent_s = _logged_at(judgement), int(judged["silent_ms"]) / 1000
+    for lines in logs.values():
+        if not any((m := MEMBER.search(line)) and m["member"] == judged["member"] for line in lines):
+            continue
+        for line in lines:
+            if (starved := STARVED.search(line)) is not None:
+                resumed = _logged_at(line)
+                overlap = min(at, resumed) - max(at - silent_s, resumed - int(starved["ms"]) / 1000)
+                if overlap >= silent_s - 2 * BEAT_S:
+                    return True
+    return False
+
+
+def _logged_at(line: str) -> float:
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def leader_of(bootstrap: str, topic: str, partition: int) -> int:

@@ -91,8 +91,9 @@ def test_a_pause_of_this_process_restarts_every_peers_clock() -> None:
     assert peers.silent(0.0) == []
     peers.heard(me, 5.0)  # the beats queued meanwhile arrive after the wake-up, the peer's too
     assert peers.silent(5.0) == []
+    assert peers.starved and peers.why.startswith("this process's liveness thread did not run for 5000 ms")
     heard_all(peers, [me, peer], 5.25)
-    assert peers.silent(5.25) == []
+    assert peers.silent(5.25) == [] and not peers.starved
 
 
 def test_a_clean_stop_and_a_member_that_never_joined_are_not_removed() -> None:
