@@ -164,7 +164,7 @@ class Peers:
             if i != self.me and now - heard_at > self.bound_s / 2 and self.beats[i].member_id
         }
         newly, self.late = late - self.late, late
-        return [self.beats[i] for i in newly if not self.beats[i].stopping and not self.unsure]
+        return [] if self.unsure else [self.beats[i] for i in newly if not self.beats[i].stopping]
 
     def silence_ms(self, incarnation: str, now: float) -> int:
         """How long since `incarnation`'s last beat arrived here (-1: never heard)."""
@@ -349,7 +349,7 @@ class Liveness:
         """Why this turn judges nobody. When this thread itself did not run: how much CPU the process used meanwhile
         (none: the process was stopped or not scheduled; a lot: another thread held the interpreter) and where its
         other threads are now."""
-        if not self.peers.why.startswith("this process's liveness thread"):
+        if not self.peers.starved:
             return f"judging nobody: {self.peers.why}"
         cpu_ms = (time.process_time() - cpu_at_last_turn_s) * 1000
         return f"judging nobody: {self.peers.why}; the process used {cpu_ms:.0f} ms of CPU meanwhile; {_threads()}"
