@@ -98,10 +98,12 @@ def orphan_one(bootstrap: str, runner: KafkaRunner, start_member: Any, old: tupl
     the coordinator's assignment left one of them to nobody (the runner's look then acted, as it should)."""
     process, _ = old
     assert process.wait(60) == -signal.SIGKILL  # in its on_revoke: the runner's join began the rebalance
-    _, out = start_member(bootstrap, runner.app_id, runner.input_topic, False)
-    eventually(lambda: len(said(out)) > 0, 60)
+    # Open before the successor starts: the orphan lasts the look's 6 s, and a CI run's first describe, opened after
+    # the successor printed, answered only once the look had mended the group
     admin = GroupAdmin(runner.settings, runner.app_id)
+    _, out = start_member(bootstrap, runner.app_id, runner.input_topic, False)
     try:
+        eventually(lambda: len(said(out)) > 0, 60)
         (orphan,) = eventually(lambda: unowned(admin, runner.input_topic), 30, 0.2)  # the look waits 6 s to act
     finally:
         admin.close()
