@@ -22,7 +22,10 @@ from pipeline.serde import JsonSerde
 from snapshots.spark_session import kafka_connector_jars
 from tests.snapshots.helpers import Changelog, new_app, restore
 
-pytestmark = pytest.mark.spark
+# The module's DAG run (its fixture: `airflow db migrate`, then `airflow dags test` starting Spark) takes about a minute
+# alone, but up to four beside CI's other lanes on two cores; CI of 2026-11-29 passed the suite's 300 s per test while
+# the run was still going. Each airflow call keeps its own 900 s limit below.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "deploy" / "compaction"
