@@ -217,7 +217,7 @@ class KafkaRunner(TakeOver, PollLoop):
             self._close_partition(p, commit=True)
         if self.consumer is not None:
             # Leaves the group (a static member does not: its partitions wait for it until the session times out).
-            self.input.close()
+            self._close_input()
         if self.liveness is not None:  # after leaving: its last heartbeat says it stopped cleanly
             self.liveness.stop()
         for reader in (self.global_tables, self.standbys):

@@ -170,7 +170,7 @@ class PostgresRunner(PollLoop):
         if self._query_rows is not None:
             self._query_rows.close()
         if self.consumer is not None:
-            self.input.close()
+            self._close_input()
         if self.global_tables is not None:
             self.global_tables.close()
         self._threads.shutdown()
